@@ -1,0 +1,66 @@
+import autoload from '@fastify/autoload'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyServerOptions } from 'fastify'
+import { dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import type { Config } from './config.js'
+import { badRequest, toApiError } from './errors.js'
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** The validated configuration (config.ts). */
+    config: Config
+  }
+}
+
+const here = dirname(fileURLToPath(import.meta.url))
+
+// Run from the TypeScript sources (tests, `npm run dev`), autoload must be
+// told to load .ts files: it cannot see a loader given with --import.
+if (import.meta.url.endsWith('.ts')) process.env.FASTIFY_AUTOLOAD_TYPESCRIPT ??= '1'
+
+/** Longest path parameter routed; a longer id cannot exist, and answers 404 without a query. */
+export const MAX_ID_LENGTH = 1024
+
+const malformedRequestBody = JSON.stringify(badRequest('malformed HTTP request').toBody())
+
+export interface BuildOptions {
+  logger?: FastifyServerOptions['logger']
+}
+
+/**
+ * The application: Fastify with the plugins of plugins/ (schemas, errors,
+ * database...) and then the routes of routes/, both autoloaded.
+ */
+export async function buildApp (config: Config, options: BuildOptions = {}): Promise<FastifyInstance> {
+  const app = Fastify({
+    logger: options.logger ?? { level: config.LOG_LEVEL },
+    routerOptions: {
+      maxParamLength: MAX_ID_LENGTH,
+      ignoreTrailingSlash: true
+    },
+    // Errors raised before routing (bad percent-encoding, invalid UTF-8)
+    // get the envelope too.
+    frameworkErrors (error, _request, reply) {
+      const apiError = error.code === 'FST_ERR_BAD_URL'
+        ? badRequest('the URL is malformed: invalid percent-encoding or UTF-8')
+        : toApiError(error)
+      ;(reply as FastifyReply).code(apiError.statusCode).send(apiError.toBody())
+    },
+    // Errors of the HTTP parser itself (bad request line, headers too large).
+    clientErrorHandler (error, socket) {
+      if (!socket.writable || (error as NodeJS.ErrnoException).code === 'ECONNRESET') {
+        socket.destroy()
+        return
+      }
+      const status = (error as NodeJS.ErrnoException).code === 'HPE_HEADER_OVERFLOW' ? '431 Request Header Fields Too Large' : '400 Bad Request'
+      socket.end(`HTTP/1.1 ${status}\r\nContent-Type: application/json; charset=utf-8\r\n` +
+        `Content-Length: ${Buffer.byteLength(malformedRequestBody)}\r\nConnection: close\r\n\r\n${malformedRequestBody}`)
+    }
+  }).withTypeProvider<TypeBoxTypeProvider>()
+
+  app.decorate('config', config)
+  await app.register(autoload, { dir: join(here, 'plugins') })
+  await app.register(autoload, { dir: join(here, 'routes') })
+  return app
+}

@@ -1,0 +1,41 @@
+import { envSchema } from 'env-schema'
+import { Type, type Static } from 'typebox'
+
+/**
+ * Every setting the service reads from its environment, with its default.
+ * The README's configuration table mirrors this schema.
+ */
+export const ConfigSchema = Type.Object({
+  DATABASE_URL: Type.String({
+    pattern: '^postgres(ql)?://',
+    description: 'Postgres connection URL, postgres://user:password@host:port/database'
+  }),
+  HOST: Type.String({ default: '0.0.0.0', minLength: 1 }),
+  PORT: Type.Integer({ default: 8080, minimum: 0, maximum: 65535 }),
+  LOG_LEVEL: Type.Enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], { default: 'info' }),
+  DB_POOL_MAX: Type.Integer({ default: 10, minimum: 1, maximum: 1000 }),
+  DB_STATEMENT_TIMEOUT_MS: Type.Integer({ default: 5000, minimum: 1, maximum: 3_600_000 }),
+  DB_CONNECT_TIMEOUT_MS: Type.Integer({ default: 5000, minimum: 1, maximum: 600_000 }),
+  MIGRATE_ON_START: Type.Boolean({ default: true }),
+  RUN_LIST_DEFAULT_LIMIT: Type.Integer({ default: 1000, minimum: 1, maximum: 1000 })
+})
+
+export type Config = Static<typeof ConfigSchema>
+
+export class ConfigError extends Error {
+  override name = 'ConfigError'
+}
+
+/**
+ * Reads and validates the configuration; a bad or missing value throws a
+ * ConfigError whose message names the variable (e.g. `env/PORT must be <= 65535`).
+ */
+export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
+  try {
+    // An empty variable (`PORT=` in a compose file) means "use the default".
+    const data = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value !== ''))
+    return envSchema<Config>({ schema: structuredClone(ConfigSchema), data, env: false, dotenv: false })
+  } catch (err) {
+    throw new ConfigError(`invalid configuration: ${(err as Error).message}`)
+  }
+}

@@ -1,0 +1,50 @@
+import { Kysely, Migrator, PostgresDialect } from 'kysely'
+import pg from 'pg'
+import { pathToFileURL } from 'node:url'
+import { migrations } from './migrations/index.js'
+
+export interface MigrationOutcome {
+  /** Names of the migrations this call applied, in order (empty when already up to date). */
+  applied: string[]
+}
+
+/**
+ * Applies every pending migration to the database at `connectionString`,
+ * over a connection of its own: the request pool is read-only and cannot.
+ * Safe to run from several replicas at once (Kysely's migrator holds a lock).
+ */
+export async function migrateToLatest (connectionString: string): Promise<MigrationOutcome> {
+  const db = new Kysely<unknown>({
+    dialect: new PostgresDialect({
+      pool: new pg.Pool({ connectionString, max: 1, application_name: 'ocp-api-migrate' })
+    })
+  })
+  try {
+    const migrator = new Migrator({ db, provider: { getMigrations: async () => migrations } })
+    const { error, results = [] } = await migrator.migrateToLatest()
+    if (error !== undefined) {
+      const failed = results.find((result) => result.status === 'Error')
+      const where = failed ? `migration ${failed.migrationName} failed` : 'migrations failed'
+      throw new Error(`${where}: ${error instanceof Error ? error.message : String(error)}`, { cause: error })
+    }
+    return { applied: results.map((result) => result.migrationName) }
+  } finally {
+    await db.destroy()
+  }
+}
+
+/* c8 ignore start: the command-line entry, exercised by `npm run migrate` in CI */
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  const url = process.env.DATABASE_URL
+  if (url === undefined || url === '') {
+    console.error('migrate: DATABASE_URL is not set (e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres)')
+    process.exit(2)
+  }
+  migrateToLatest(url).then(({ applied }) => {
+    console.log(applied.length === 0 ? 'migrate: already up to date' : `migrate: applied ${applied.join(', ')}`)
+  }, (err: unknown) => {
+    console.error(`migrate: ${err instanceof Error ? err.message : String(err)}`)
+    process.exit(1)
+  })
+}
+/* c8 ignore stop */

@@ -1,0 +1,120 @@
+import { sql, type Kysely } from 'kysely'
+
+// The shared schema of CONTRACT section 1, with the indexes the read API needs.
+// Migrations import no application code: they must keep working as the app changes.
+
+export async function up (db: Kysely<any>): Promise<void> {
+  const now = sql`now()`
+
+  await db.schema.createTable('runs')
+    .addColumn('run_id', 'text', (col) => col.primaryKey())
+    .addColumn('goal', 'text', (col) => col.notNull())
+    .addColumn('summary', 'text', (col) => col.notNull())
+    .addColumn('status', 'text', (col) => col.notNull())
+    .addColumn('created_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
+    .addColumn('updated_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
+    .execute()
+  // listRuns: newest first, keyset-paged.
+  await db.schema.createIndex('runs_created_at_run_id_idx').on('runs')
+    .columns(['created_at desc', 'run_id desc']).execute()
+
+  await db.schema.createTable('tasks')
+    .addColumn('run_id', 'text', (col) => col.notNull().references('runs.run_id'))
+    .addColumn('task_id', 'text', (col) => col.notNull())
+    .addColumn('title', 'text', (col) => col.notNull())
+    .addColumn('summary', 'text', (col) => col.notNull())
+    .addColumn('status', 'text', (col) => col.notNull())
+    .addColumn('default_to', 'text')
+    .addColumn('priority', 'text', (col) => col.notNull())
+    .addColumn('acceptance_json', 'jsonb', (col) => col.notNull())
+    .addColumn('latest_attempt_no', 'integer')
+    .addColumn('created_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
+    .addColumn('updated_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
+    .addPrimaryKeyConstraint('tasks_pkey', ['run_id', 'task_id'])
+    .execute()
+  // A run's tasks in list order, and its per-status counts (index-only).
+  await db.schema.createIndex('tasks_run_created_at_task_idx').on('tasks')
+    .columns(['run_id', 'created_at', 'task_id']).execute()
+  await db.schema.createIndex('tasks_run_status_idx').on('tasks')
+    .columns(['run_id', 'status']).execute()
+
+  await db.schema.createTable('task_attempts')
+    .addColumn('run_id', 'text', (col) => col.notNull())
+    .addColumn('task_id', 'text', (col) => col.notNull())
+    .addColumn('attempt_no', 'integer', (col) => col.notNull())
+    .addColumn('assigned_to', 'text', (col) => col.notNull())
+    .addColumn('thread_id', 'text', (col) => col.notNull())
+    .addColumn('base_ref', 'text')
+    .addColumn('base_commit', 'text')
+    .addColumn('branch_name', 'text')
+    .addColumn('worktree_path', 'text')
+    .addColumn('workspace_status', 'text')
+    .addColumn('result_commit', 'text')
+    .addColumn('status', 'text', (col) => col.notNull())
+    .addColumn('created_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
+    .addColumn('updated_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
+    .addPrimaryKeyConstraint('task_attempts_pkey', ['run_id', 'task_id', 'attempt_no'])
+    .addForeignKeyConstraint('task_attempts_task_fkey', ['run_id', 'task_id'], 'tasks', ['run_id', 'task_id'])
+    .execute()
+
+  await db.schema.createTable('threads')
+    .addColumn('thread_id', 'text', (col) => col.primaryKey())
+    .addColumn('run_id', 'text', (col) => col.notNull())
+    .addColumn('task_id', 'text', (col) => col.notNull())
+    .addColumn('subject', 'text', (col) => col.notNull())
+    .addColumn('created_by', 'text', (col) => col.notNull())
+    .addColumn('assigned_to', 'text', (col) => col.notNull())
+    .addColumn('status', 'text', (col) => col.notNull())
+    .addColumn('priority', 'text', (col) => col.notNull())
+    .addColumn('latest_message_id', 'text')
+    .addColumn('created_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
+    .addColumn('updated_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
+    .execute()
+  await db.schema.createIndex('threads_run_task_idx').on('threads')
+    .columns(['run_id', 'task_id']).execute()
+
+  await db.schema.createTable('messages')
+    .addColumn('message_id', 'text', (col) => col.primaryKey())
+    .addColumn('thread_id', 'text', (col) => col.notNull().references('threads.thread_id'))
+    .addColumn('from_agent', 'text', (col) => col.notNull())
+    .addColumn('to_agent', 'text', (col) => col.notNull())
+    .addColumn('kind', 'text', (col) => col.notNull())
+    .addColumn('summary', 'text', (col) => col.notNull())
+    .addColumn('body', 'text', (col) => col.notNull())
+    .addColumn('payload_json', 'jsonb', (col) => col.notNull())
+    .addColumn('created_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
+    .execute()
+  // A thread's timeline in order; and the newest message of a kind (the blocking question).
+  await db.schema.createIndex('messages_thread_created_at_idx').on('messages')
+    .columns(['thread_id', 'created_at', 'message_id']).execute()
+  await db.schema.createIndex('messages_thread_kind_newest_idx').on('messages')
+    .columns(['thread_id', 'kind', 'created_at desc', 'message_id desc']).execute()
+
+  await db.schema.createTable('artifacts')
+    .addColumn('artifact_id', 'text', (col) => col.primaryKey())
+    .addColumn('message_id', 'text', (col) => col.notNull().references('messages.message_id'))
+    .addColumn('path', 'text', (col) => col.notNull())
+    .addColumn('kind', 'text', (col) => col.notNull())
+    .addColumn('metadata_json', 'jsonb', (col) => col.notNull())
+    .addColumn('created_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
+    .execute()
+  await db.schema.createIndex('artifacts_message_created_at_idx').on('artifacts')
+    .columns(['message_id', 'created_at', 'artifact_id']).execute()
+
+  await db.schema.createTable('events')
+    .addColumn('event_id', 'bigint', (col) => col.primaryKey().generatedByDefaultAsIdentity())
+    .addColumn('event_type', 'text', (col) => col.notNull())
+    .addColumn('run_id', 'text', (col) => col.notNull().defaultTo(''))
+    .addColumn('task_id', 'text', (col) => col.notNull().defaultTo(''))
+    .addColumn('thread_id', 'text', (col) => col.notNull().defaultTo(''))
+    .addColumn('summary', 'text', (col) => col.notNull().defaultTo(''))
+    .addColumn('payload', 'jsonb', (col) => col.notNull().defaultTo(sql`'{}'::jsonb`))
+    .addColumn('created_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
+    .execute()
+}
+
+export async function down (db: Kysely<any>): Promise<void> {
+  for (const table of ['events', 'artifacts', 'messages', 'threads', 'task_attempts', 'tasks', 'runs']) {
+    await db.schema.dropTable(table).execute()
+  }
+}

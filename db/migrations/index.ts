@@ -1,0 +1,11 @@
+import type { Migration } from 'kysely'
+import * as controlPlaneSchema from './0001_control_plane_schema.js'
+
+/**
+ * Every migration, by name; names sort in the order they apply. Listed here
+ * rather than read from the folder so that the same list works from the
+ * TypeScript sources and from the compiled dist/.
+ */
+export const migrations: Record<string, Migration> = {
+  '0001_control_plane_schema': controlPlaneSchema
+}

@@ -1,0 +1,47 @@
+import { Kysely, PostgresDialect } from 'kysely'
+import pg from 'pg'
+import type { Database } from './schema.js'
+
+export interface ReadPoolOptions {
+  connectionString: string
+  /** Most connections the pool opens. */
+  max: number
+  /** Server-side limit on one statement; the server cancels it past this. */
+  statementTimeoutMs: number
+  /** Limit on opening a connection and on waiting for a free one. */
+  connectTimeoutMs: number
+  applicationName?: string
+}
+
+/** Extra time the client waits beyond the server's statement timeout before giving up on a silent server. */
+const CLIENT_TIMEOUT_MARGIN_MS = 1000
+
+/**
+ * The pool behind every request. Its sessions are read-only
+ * (default_transaction_read_only), so this service cannot write
+ * orchestration state even by mistake; statements are cancelled by the
+ * server after statementTimeoutMs and abandoned by the client shortly after
+ * (a server that stopped answering must not hang a request); timestamps
+ * are read in UTC.
+ */
+export function createReadPool (options: ReadPoolOptions): pg.Pool {
+  return new pg.Pool({
+    connectionString: options.connectionString,
+    max: options.max,
+    connectionTimeoutMillis: options.connectTimeoutMs,
+    idleTimeoutMillis: 30_000,
+    query_timeout: options.statementTimeoutMs + CLIENT_TIMEOUT_MARGIN_MS,
+    keepAlive: true,
+    application_name: options.applicationName ?? 'ocp-api',
+    options: [
+      '-c default_transaction_read_only=on',
+      `-c statement_timeout=${options.statementTimeoutMs}`,
+      `-c idle_in_transaction_session_timeout=${options.statementTimeoutMs * 2}`,
+      '-c TimeZone=UTC'
+    ].join(' ')
+  })
+}
+
+export function createDb (pool: pg.Pool): Kysely<Database> {
+  return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) })
+}

@@ -1,0 +1,110 @@
+import type { ColumnType, Generated } from 'kysely'
+
+/**
+ * The shared Postgres schema (CONTRACT section 1). The orchestrator writes
+ * these tables; this service only reads them. Migrations in db/migrations
+ * create exactly these columns.
+ */
+
+/** timestamptz: read as Date, written as Date or ISO string, defaulting to now(). */
+type Timestamp = ColumnType<Date, Date | string | undefined, Date | string>
+
+/** A jsonb column holding any JSON value (object, array, string, number, boolean or null). */
+export type Json = ColumnType<unknown, string, string>
+
+export interface RunsTable {
+  run_id: string
+  goal: string
+  summary: string
+  status: string
+  created_at: Timestamp
+  updated_at: Timestamp
+}
+
+export interface TasksTable {
+  run_id: string
+  task_id: string
+  title: string
+  summary: string
+  status: string
+  default_to: string | null
+  priority: string
+  acceptance_json: Json
+  latest_attempt_no: number | null
+  created_at: Timestamp
+  updated_at: Timestamp
+}
+
+export interface TaskAttemptsTable {
+  run_id: string
+  task_id: string
+  attempt_no: number
+  assigned_to: string
+  thread_id: string
+  base_ref: string | null
+  base_commit: string | null
+  branch_name: string | null
+  worktree_path: string | null
+  workspace_status: string | null
+  result_commit: string | null
+  status: string
+  created_at: Timestamp
+  updated_at: Timestamp
+}
+
+export interface ThreadsTable {
+  thread_id: string
+  run_id: string
+  task_id: string
+  subject: string
+  created_by: string
+  assigned_to: string
+  status: string
+  priority: string
+  latest_message_id: string | null
+  created_at: Timestamp
+  updated_at: Timestamp
+}
+
+export interface MessagesTable {
+  message_id: string
+  thread_id: string
+  from_agent: string
+  to_agent: string
+  kind: string
+  summary: string
+  body: string
+  payload_json: Json
+  created_at: Timestamp
+}
+
+export interface ArtifactsTable {
+  artifact_id: string
+  message_id: string
+  path: string
+  kind: string
+  metadata_json: Json
+  created_at: Timestamp
+}
+
+export interface EventsTable {
+  /** bigint: pg returns it as a string, so it is typed as one. */
+  event_id: Generated<string>
+  event_type: string
+  run_id: ColumnType<string, string | undefined, string>
+  task_id: ColumnType<string, string | undefined, string>
+  thread_id: ColumnType<string, string | undefined, string>
+  summary: ColumnType<string, string | undefined, string>
+  payload: ColumnType<unknown, string | undefined, string>
+  created_at: Timestamp
+}
+
+export interface Database {
+  runs: RunsTable
+  tasks: TasksTable
+  task_attempts: TaskAttemptsTable
+  threads: ThreadsTable
+  messages: MessagesTable
+  artifacts: ArtifactsTable
+  events: EventsTable
+}

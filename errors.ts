@@ -1,0 +1,99 @@
+/*
+ * Every error a client can see (CONTRACT section 4), and the one mapping
+ * from anything thrown to one of them. Bodies are always
+ * {error: {code, message}}; messages never carry a stack, SQL or a secret.
+ */
+
+export const ErrorCodes = {
+  not_found: 404,
+  bad_request: 400,
+  unauthorized: 401,
+  unavailable: 503,
+  internal: 500
+} as const
+
+export type ErrorCode = keyof typeof ErrorCodes
+
+export interface ErrorBody {
+  error: { code: ErrorCode, message: string }
+}
+
+export class ApiError extends Error {
+  override name = 'ApiError'
+  readonly statusCode: number
+
+  constructor (readonly code: ErrorCode, message: string, statusCode: number = ErrorCodes[code]) {
+    super(message)
+    this.statusCode = statusCode
+  }
+
+  toBody (): ErrorBody {
+    return { error: { code: this.code, message: this.message } }
+  }
+}
+
+export const notFound = (what: string) => new ApiError('not_found', `${what} not found`)
+export const badRequest = (message: string) => new ApiError('bad_request', message)
+
+/** SQLSTATE classes and codes that mean "the database cannot serve now", not "the request is wrong". */
+const unavailableSqlStates = [
+  /^08/, // connection exception
+  /^53/, // insufficient resources (too many connections, out of memory, disk full)
+  /^57P0[1-4]$/, // admin/crash shutdown, cannot connect now, database dropped
+  /^57014$/, // query canceled: our statement timeout fired
+  /^40001$/, // serialization failure
+  /^40P01$/, // deadlock detected
+  /^55P03$/ // lock not available
+]
+
+/** SQLSTATEs caused by the input itself (e.g. a byte Postgres text cannot hold). */
+const badInputSqlStates = [/^22021$/, /^22P05$/, /^2200[CDE]$/]
+
+const networkErrorCodes = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'ECONNABORTED'])
+
+/** pg's own messages when the pool or a connection gives up (they carry no code). */
+const poolFailureMessages = [
+  /timeout exceeded when trying to connect/i,
+  /Connection terminated/i,
+  /Client has encountered a connection error/i,
+  /Cannot use a pool after calling end/i,
+  /connection timeout/i
+]
+
+interface ErrorLike { code?: unknown, message?: unknown, statusCode?: unknown, validation?: unknown }
+
+export function isDatabaseUnavailable (err: unknown): boolean {
+  if (typeof err !== 'object' || err === null) return false
+  const { code, message } = err as ErrorLike
+  if (typeof code === 'string') {
+    if (networkErrorCodes.has(code)) return true
+    if (unavailableSqlStates.some((state) => state.test(code))) return true
+  }
+  return typeof message === 'string' && poolFailureMessages.some((pattern) => pattern.test(message))
+}
+
+/**
+ * Maps anything thrown while serving a request to the error the client sees.
+ * Framework errors keep their 4xx status; database trouble becomes 503;
+ * everything unforeseen becomes a bare 500 `internal`.
+ */
+export function toApiError (err: unknown): ApiError {
+  if (err instanceof ApiError) return err
+  if (isDatabaseUnavailable(err)) return new ApiError('unavailable', 'the database is unavailable, try again shortly')
+  const { code, message, statusCode, validation } = (typeof err === 'object' && err !== null ? err : {}) as ErrorLike
+  if (typeof code === 'string' && badInputSqlStates.some((state) => state.test(code))) {
+    return badRequest('the request contains characters the database cannot store')
+  }
+  if (typeof statusCode === 'number' && statusCode >= 400 && statusCode < 500) {
+    if (statusCode === 404) return notFound('resource')
+    // Validation and framework messages describe the request, never the server.
+    const text = typeof message === 'string' && message !== '' && (validation !== undefined || typeof code === 'string')
+      ? message
+      : 'bad request'
+    return new ApiError(statusCode === 401 ? 'unauthorized' : 'bad_request', text, statusCode)
+  }
+  if (typeof statusCode === 'number' && statusCode === 503) {
+    return new ApiError('unavailable', 'the service is overloaded, try again shortly')
+  }
+  return new ApiError('internal', 'internal server error')
+}

@@ -1,0 +1,22 @@
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
+import { Type } from 'typebox'
+import { getThreadDetail } from '../../db/queries.js'
+import { notFound } from '../../errors.js'
+import { notFoundErrors, ThreadParams } from '../../schemas/api.js'
+
+const threadRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  app.get('/threads/:threadID', {
+    schema: {
+      operationId: 'getThreadDetail',
+      summary: 'A thread with its messages in order, each with its artifacts',
+      params: ThreadParams,
+      response: { 200: Type.Ref('ThreadDetailEnvelope'), ...notFoundErrors }
+    }
+  }, async (request, reply) => {
+    const body = await getThreadDetail(app.db, request.params.threadID)
+    if (body === undefined) throw notFound('thread')
+    return reply.sendRawJson(body)
+  })
+}
+
+export default threadRoutes

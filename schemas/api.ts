@@ -1,0 +1,58 @@
+import { Type, type TObject } from 'typebox'
+
+/* The request and response shapes of the routes of SPEC section 4. */
+
+/**
+ * An identifier in a path. SPEC leaves the format open, so any text is
+ * accepted except NUL, which no Postgres text value can hold.
+ */
+const Id = (description: string) => Type.String({ minLength: 1, pattern: '^[^\\u0000]+$', description })
+
+export const RunParams = Type.Object({ runID: Id('run_id of the run') })
+export const ThreadParams = Type.Object({ threadID: Id('thread_id of the thread') })
+
+/** Largest page a client may ask for with `limit`. */
+export const MAX_PAGE_LIMIT = 1000
+
+/** Optional keyset paging (CONTRACT section 3); the next page's URL is in the `Link` header. */
+export const PageQuery = Type.Object({
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_PAGE_LIMIT, description: 'Page size' })),
+  cursor: Type.Optional(Type.String({
+    minLength: 1,
+    maxLength: 512,
+    pattern: '^[A-Za-z0-9_-]+$',
+    description: 'Opaque position from the previous page\'s Link: rel="next" URL'
+  }))
+})
+
+export const Health = Type.Object({ status: Type.Literal('ok') }, { $id: 'Health', additionalProperties: false })
+
+export const RunList = Type.Object({
+  runs: Type.Array(Type.Ref('RunListItem'), { description: 'Newest first: created_at desc, then run_id desc' })
+}, { $id: 'RunList', additionalProperties: false })
+
+export const RunDetailEnvelope = Type.Object({ run: Type.Ref('RunDetail') }, { $id: 'RunDetailEnvelope', additionalProperties: false })
+
+export const TaskList = Type.Object({
+  tasks: Type.Array(Type.Ref('Task'), { description: 'Ordered by created_at, then task_id' })
+}, { $id: 'TaskList', additionalProperties: false })
+
+export const BlockedTaskList = Type.Object({
+  blocked: Type.Array(Type.Ref('BlockedTask'), { description: 'Ordered by created_at, then task_id' })
+}, { $id: 'BlockedTaskList', additionalProperties: false })
+
+export const ThreadDetailEnvelope = Type.Object({ thread: Type.Ref('ThreadDetail') }, { $id: 'ThreadDetailEnvelope', additionalProperties: false })
+
+/** The response wrappers, registered like the resources so documents name them. */
+export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope]
+
+const errorEnvelope = Type.Ref('ErrorEnvelope')
+
+/** The error responses every /api route can give, besides its own 404. */
+export const commonErrors = {
+  400: errorEnvelope,
+  500: errorEnvelope,
+  503: errorEnvelope
+}
+
+export const notFoundErrors = { ...commonErrors, 404: errorEnvelope }

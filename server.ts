@@ -1,0 +1,28 @@
+import closeWithGrace from 'close-with-grace'
+import { buildApp } from './app.js'
+import { ConfigError, loadConfig } from './config.js'
+import { migrateToLatest } from './db/migrate.js'
+
+/** Seconds a shutdown may take before the process exits anyway. */
+const SHUTDOWN_GRACE_MS = 10_000
+
+async function main () {
+  const config = loadConfig()
+  const app = await buildApp(config)
+  if (config.MIGRATE_ON_START) {
+    const { applied } = await migrateToLatest(config.DATABASE_URL)
+    app.log.info({ applied }, applied.length === 0 ? 'database schema up to date' : 'database migrated')
+  }
+  closeWithGrace({ delay: SHUTDOWN_GRACE_MS }, async ({ signal, err }) => {
+    if (err !== undefined) app.log.error({ err }, 'shutting down after an uncaught error')
+    else app.log.info({ signal }, 'shutting down')
+    await app.close()
+  })
+  await app.listen({ host: config.HOST, port: config.PORT })
+}
+
+main().catch((err: unknown) => {
+  // A bad configuration or an unreachable database at start: say why, exit non-zero.
+  console.error(err instanceof ConfigError ? err.message : `failed to start: ${err instanceof Error ? err.message : String(err)}`)
+  process.exit(1)
+})
