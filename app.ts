@@ -5,6 +5,7 @@ import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import type { Config } from './config.js'
 import { badRequest, toApiError } from './errors.js'
+import { MAX_ID_LENGTH } from './schemas/api.js'
 
 declare module 'fastify' {
   interface FastifyInstance {
@@ -18,9 +19,6 @@ const here = dirname(fileURLToPath(import.meta.url))
 // Run from the TypeScript sources (tests, `npm run dev`), autoload must be
 // told to load .ts files: it cannot see a loader given with --import.
 if (import.meta.url.endsWith('.ts')) process.env.FASTIFY_AUTOLOAD_TYPESCRIPT ??= '1'
-
-/** Longest path parameter routed; a longer id cannot exist, and answers 404 without a query. */
-export const MAX_ID_LENGTH = 1024
 
 const malformedRequestBody = JSON.stringify(badRequest('malformed HTTP request').toBody())
 
@@ -42,9 +40,7 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
     // Errors raised before routing (bad percent-encoding, invalid UTF-8)
     // get the envelope too.
     frameworkErrors (error, _request, reply) {
-      const apiError = error.code === 'FST_ERR_BAD_URL'
-        ? badRequest('the URL is malformed: invalid percent-encoding or UTF-8')
-        : toApiError(error)
+      const apiError = toApiError(error)
       ;(reply as FastifyReply).code(apiError.statusCode).send(apiError.toBody())
     },
     // Errors of the HTTP parser itself (bad request line, headers too large).

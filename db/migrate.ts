@@ -25,7 +25,7 @@ export async function migrateToLatest (connectionString: string): Promise<Migrat
     if (error !== undefined) {
       const failed = results.find((result) => result.status === 'Error')
       const where = failed ? `migration ${failed.migrationName} failed` : 'migrations failed'
-      throw new Error(`${where}: ${error instanceof Error ? error.message : String(error)}`, { cause: error })
+      throw new Error(`${where}: ${(error as Error).message}`, { cause: error })
     }
     return { applied: results.map((result) => result.migrationName) }
   } finally {
@@ -33,7 +33,6 @@ export async function migrateToLatest (connectionString: string): Promise<Migrat
   }
 }
 
-/* c8 ignore start: the command-line entry, exercised by `npm run migrate` in CI */
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const url = process.env.DATABASE_URL
   if (url === undefined || url === '') {
@@ -43,8 +42,7 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
   migrateToLatest(url).then(({ applied }) => {
     console.log(applied.length === 0 ? 'migrate: already up to date' : `migrate: applied ${applied.join(', ')}`)
   }, (err: unknown) => {
-    console.error(`migrate: ${err instanceof Error ? err.message : String(err)}`)
+    console.error(`migrate: ${(err as Error).message}`)
     process.exit(1)
   })
 }
-/* c8 ignore stop */

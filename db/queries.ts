@@ -152,8 +152,8 @@ const leftOutIds = (leftOut: string[] | null) => leftOut ?? []
 // ---- the queries ----------------------------------------------------------
 
 /** listRuns: newest first (created_at desc, run_id desc), each with its task counts. */
-export async function listRuns (db: Db, page: Page): Promise<PagedBody> {
-  const limit = page.limit ?? UNBOUNDED
+export async function listRuns (db: Db, page: Page & { limit: number }): Promise<PagedBody> {
+  const { limit } = page
   const { after } = page
   const rows = db.selectFrom('runs as r')
     .innerJoinLateral((eb) => taskCounts(eb, eb.ref('r.run_id')).as('c'), (join) => join.onTrue())

@@ -2,6 +2,9 @@ import { Type, type TObject } from 'typebox'
 
 /* The request and response shapes of the routes of SPEC section 4. */
 
+/** Longest path parameter routed: a longer id answers 404 without a query. */
+export const MAX_ID_LENGTH = 1024
+
 /**
  * An identifier in a path. SPEC leaves the format open, so any text is
  * accepted except NUL, which no Postgres text value can hold.

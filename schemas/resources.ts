@@ -8,7 +8,7 @@ import { Type, type TObject } from 'typebox'
  * (db/json.ts) and the contract tests.
  */
 
-const DateTime = (description?: string) => Type.String({ format: 'date-time', ...(description ? { description } : {}) })
+const DateTime = () => Type.String({ format: 'date-time', description: 'RFC 3339, UTC, microseconds: 2026-11-21T09:28:40.123456Z' })
 
 /** A raw JSON column: whatever JSON the orchestrator stored, passed through unchanged. */
 export const RawJson = (description: string) => Type.Unknown({ description })

@@ -1,0 +1,49 @@
+import t from 'tap'
+import { ConfigError, loadConfig } from '../config.js'
+
+const url = 'postgres://postgres@127.0.0.1:5432/postgres'
+
+t.test('defaults', async (t) => {
+  t.same(loadConfig({ DATABASE_URL: url }), {
+    DATABASE_URL: url,
+    HOST: '0.0.0.0',
+    PORT: 8080,
+    LOG_LEVEL: 'info',
+    DB_POOL_MAX: 10,
+    DB_STATEMENT_TIMEOUT_MS: 5000,
+    DB_CONNECT_TIMEOUT_MS: 5000,
+    MIGRATE_ON_START: true,
+    RUN_LIST_DEFAULT_LIMIT: 1000
+  })
+})
+
+t.test('values are parsed from their text', async (t) => {
+  const config = loadConfig({
+    DATABASE_URL: 'postgresql://u:p@db:5432/x', PORT: '9090', HOST: '127.0.0.1', LOG_LEVEL: 'debug',
+    DB_POOL_MAX: '3', DB_STATEMENT_TIMEOUT_MS: '250', DB_CONNECT_TIMEOUT_MS: '100', MIGRATE_ON_START: 'false', RUN_LIST_DEFAULT_LIMIT: '50'
+  })
+  t.match(config, { PORT: 9090, HOST: '127.0.0.1', LOG_LEVEL: 'debug', DB_POOL_MAX: 3, DB_STATEMENT_TIMEOUT_MS: 250, MIGRATE_ON_START: false, RUN_LIST_DEFAULT_LIMIT: 50 })
+})
+
+t.test('an empty variable means its default', async (t) => {
+  t.equal(loadConfig({ DATABASE_URL: url, PORT: '' }).PORT, 8080)
+})
+
+t.test('a bad or missing value is refused, naming the variable', async (t) => {
+  const cases: Array<[Record<string, string>, RegExp]> = [
+    [{}, /DATABASE_URL/],
+    [{ DATABASE_URL: 'mysql://x' }, /DATABASE_URL/],
+    [{ DATABASE_URL: url, PORT: '65536' }, /PORT/],
+    [{ DATABASE_URL: url, PORT: 'eighty' }, /PORT/],
+    [{ DATABASE_URL: url, LOG_LEVEL: 'loud' }, /LOG_LEVEL/],
+    [{ DATABASE_URL: url, DB_POOL_MAX: '0' }, /DB_POOL_MAX/],
+    [{ DATABASE_URL: url, DB_STATEMENT_TIMEOUT_MS: '-5' }, /DB_STATEMENT_TIMEOUT_MS/],
+    [{ DATABASE_URL: url, DB_CONNECT_TIMEOUT_MS: '1.5' }, /DB_CONNECT_TIMEOUT_MS/],
+    [{ DATABASE_URL: url, MIGRATE_ON_START: 'perhaps' }, /MIGRATE_ON_START/],
+    [{ DATABASE_URL: url, RUN_LIST_DEFAULT_LIMIT: '5000' }, /RUN_LIST_DEFAULT_LIMIT/]
+  ]
+  for (const [env, pattern] of cases) {
+    t.throws(() => loadConfig(env), ConfigError, JSON.stringify(env))
+    t.throws(() => loadConfig(env), { message: pattern })
+  }
+})

@@ -1,0 +1,90 @@
+import { sql } from 'kysely'
+import t from 'tap'
+import { buildApp } from '../app.js'
+import { ApiError, isDatabaseUnavailable, toApiError } from '../errors.js'
+import { build, testConfig } from './helpers/app.js'
+import { assertSchema } from './helpers/contract.js'
+import { insertGraph, makeRun, writer } from './helpers/fixtures.js'
+
+// Database faults are 503 `unavailable`, the unforeseen is a bare 500 `internal`.
+
+t.before(() => insertGraph({ runs: [makeRun({ run_id: 'run-e' })] }))
+
+t.test('an unreachable database answers 503 unavailable, quickly; /health stays 200', async (t) => {
+  const app = await build(t, { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/none', DB_CONNECT_TIMEOUT_MS: 500 })
+  for (const url of ['/api/runs', '/api/runs/run-e', '/api/runs/run-e/tasks', '/api/runs/run-e/blocked', '/api/threads/x']) {
+    const started = Date.now()
+    const res = await app.inject(url)
+    t.equal(res.statusCode, 503, url)
+    assertSchema(t, 'ErrorEnvelope', res.json())
+    t.same(res.json(), { error: { code: 'unavailable', message: 'the database is unavailable, try again shortly' } })
+    t.ok(Date.now() - started < 3000, 'within the connect timeout, not hanging')
+  }
+  t.same((await app.inject('/health')).json(), { status: 'ok' })
+})
+
+t.test('a statement past the timeout is cancelled and answers 503', async (t) => {
+  const app = await build(t, { DB_STATEMENT_TIMEOUT_MS: 100 })
+  const db = await writer()
+  // Hold an exclusive lock so the read has to wait past its timeout.
+  let release!: () => void
+  const released = new Promise<void>((resolve) => { release = resolve })
+  let locked!: () => void
+  const isLocked = new Promise<void>((resolve) => { locked = resolve })
+  const holder = db.transaction().execute(async (trx) => {
+    await sql`lock table runs in access exclusive mode`.execute(trx)
+    locked()
+    await released
+  })
+  await isLocked
+  try {
+    const res = await app.inject('/api/runs/run-e')
+    t.equal(res.statusCode, 503)
+    t.equal(res.json().error.code, 'unavailable')
+  } finally {
+    release()
+    await holder
+  }
+  t.equal((await app.inject('/api/runs/run-e')).statusCode, 200, 'and serves again once the lock is gone')
+})
+
+t.test('an unexpected error is 500 internal, leaking nothing', async (t) => {
+  const app = await buildApp(await testConfig())
+  t.teardown(() => app.close())
+  app.get('/boom', async () => { throw new Error('select secret from passwords at /srv/app.ts:1') })
+  const res = await app.inject('/boom')
+  t.equal(res.statusCode, 500)
+  t.same(res.json(), { error: { code: 'internal', message: 'internal server error' } })
+})
+
+t.test('toApiError maps what is thrown', async (t) => {
+  const cases: Array<[unknown, number, string]> = [
+    [new ApiError('not_found', 'x'), 404, 'not_found'],
+    [Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' }), 503, 'unavailable'],
+    [Object.assign(new Error('terminating connection'), { code: '57P01' }), 503, 'unavailable'],
+    [Object.assign(new Error('too many connections'), { code: '53300' }), 503, 'unavailable'],
+    [Object.assign(new Error('canceling statement due to statement timeout'), { code: '57014' }), 503, 'unavailable'],
+    [new Error('timeout exceeded when trying to connect'), 503, 'unavailable'],
+    [new Error('Connection terminated unexpectedly'), 503, 'unavailable'],
+    [Object.assign(new Error('invalid byte sequence for encoding "UTF8": 0x00'), { code: '22021' }), 400, 'bad_request'],
+    [Object.assign(new Error('body too large'), { statusCode: 413, code: 'FST_ERR_CTP_BODY_TOO_LARGE' }), 413, 'bad_request'],
+    [Object.assign(new Error('Unsupported Media Type'), { statusCode: 415, code: 'FST_ERR_CTP_INVALID_MEDIA_TYPE' }), 415, 'bad_request'],
+    [Object.assign(new Error('secret'), { statusCode: 400 }), 400, 'bad_request'],
+    [Object.assign(new Error('nope'), { statusCode: 401 }), 401, 'unauthorized'],
+    [Object.assign(new Error('gone'), { statusCode: 404 }), 404, 'not_found'],
+    [Object.assign(new Error('busy'), { statusCode: 503 }), 503, 'unavailable'],
+    [Object.assign(new Error('syntax error at or near'), { code: '42601' }), 500, 'internal'],
+    [Object.assign(new URIError("'/%zz' is not a valid url component"), { statusCode: 400, code: 'FST_ERR_BAD_URL' }), 400, 'bad_request'],
+    [Object.assign(new URIError("'xxx' is exceeding the max param length"), { statusCode: 414, code: 'FST_ERR_MAX_PARAM_LENGTH' }), 404, 'not_found'],
+    ['a string', 500, 'internal'],
+    [null, 500, 'internal']
+  ]
+  for (const [thrown, status, code] of cases) {
+    const error = toApiError(thrown)
+    t.equal(error.statusCode, status, String((thrown as Error)?.message ?? thrown))
+    t.equal(error.code, code)
+  }
+  t.equal(toApiError(Object.assign(new Error('secret'), { statusCode: 400 })).message, 'bad request', 'no message of unknown origin is echoed')
+  t.notOk(isDatabaseUnavailable(undefined))
+  t.notOk(isDatabaseUnavailable({ code: 42 }))
+})

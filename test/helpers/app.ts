@@ -1,0 +1,19 @@
+import type { FastifyInstance } from 'fastify'
+import type { Test } from 'tap'
+import { buildApp, type BuildOptions } from '../../app.js'
+import { loadConfig, type Config } from '../../config.js'
+import { testDatabaseUrl } from './database.js'
+
+/** The configuration the tests run with: this file's database, quiet logs. */
+export async function testConfig (overrides: Partial<Config> = {}): Promise<Config> {
+  const env = { DATABASE_URL: await testDatabaseUrl(), LOG_LEVEL: 'silent' }
+  return { ...loadConfig(env), ...overrides }
+}
+
+/** An application over this file's database, closed when the test ends. */
+export async function build (t: Test, overrides: Partial<Config> = {}, options: BuildOptions = {}): Promise<FastifyInstance> {
+  const app = await buildApp(await testConfig(overrides), options)
+  t.teardown(() => app.close())
+  await app.ready()
+  return app
+}

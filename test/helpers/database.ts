@@ -1,0 +1,114 @@
+import { createHash } from 'node:crypto'
+import { readdirSync, readFileSync } from 'node:fs'
+import { basename, dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import pg from 'pg'
+import t from 'tap'
+import { migrateToLatest } from '../../db/migrate.js'
+
+/*
+ * Every test file (tap runs each in its own process) gets a database of its
+ * own, cloned from a migrated template, so files never see each other's rows.
+ * Postgres comes from DATABASE_URL when it is set, else from testcontainers
+ * when a Docker engine answers; otherwise the tests stop and say so.
+ */
+
+const migrationsDir = join(dirname(fileURLToPath(import.meta.url)), '../../db/migrations')
+
+const NO_DATABASE = `The tests need a Postgres server, and none was found.
+  - Point them at one:  DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm test
+    (the role needs CREATEDB: each test file creates and drops a database of its own)
+  - or start a Docker engine, and testcontainers will run postgres:15-alpine for them.`
+
+let serverUrl: Promise<string> | undefined
+
+/** The server's admin URL: DATABASE_URL, else a testcontainers Postgres, else a clear error. */
+export function serverDatabaseUrl (): Promise<string> {
+  serverUrl ??= (async () => {
+    const fromEnv = process.env.DATABASE_URL
+    if (fromEnv !== undefined && fromEnv !== '') return fromEnv
+    /* c8 ignore start: only where Docker runs (not on the project's CI machines) */
+    try {
+      const { getContainerRuntimeClient } = await import('testcontainers')
+      await getContainerRuntimeClient()
+    } catch {
+      throw new Error(NO_DATABASE)
+    }
+    const { PostgreSqlContainer } = await import('@testcontainers/postgresql')
+    const container = await new PostgreSqlContainer('postgres:15-alpine').start()
+    t.teardown(async () => { await container.stop() })
+    return container.getConnectionUri()
+    /* c8 ignore stop */
+  })()
+  return serverUrl
+}
+
+/** The URL of database `name` on the same server as `url`. */
+export function withDatabase (url: string, name: string): string {
+  const parsed = new URL(url)
+  parsed.pathname = `/${name}`
+  return parsed.toString()
+}
+
+/** A short fingerprint of the migrations, so a changed migration gets a fresh template. */
+function migrationsFingerprint (): string {
+  const hash = createHash('sha256')
+  for (const file of readdirSync(migrationsDir).sort()) hash.update(file).update(readFileSync(join(migrationsDir, file)))
+  return hash.digest('hex').slice(0, 12)
+}
+
+async function withAdmin<T> (url: string, work: (client: pg.Client) => Promise<T>): Promise<T> {
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  try {
+    return await work(client)
+  } finally {
+    await client.end()
+  }
+}
+
+const TEMPLATE_LOCK = 0x6f6370 // any fixed key: serialises template creation across test processes
+
+/** Creates (once per server and migration set) the migrated template database. */
+async function ensureTemplate (url: string): Promise<string> {
+  const template = `ocp_test_template_${migrationsFingerprint()}`
+  await withAdmin(url, async (admin) => {
+    await admin.query('select pg_advisory_lock($1)', [TEMPLATE_LOCK])
+    try {
+      const exists = await admin.query('select 1 from pg_database where datname = $1', [template])
+      if (exists.rowCount === 0) {
+        const building = `${template}_building`
+        await admin.query(`drop database if exists "${building}"`)
+        await admin.query(`create database "${building}"`)
+        await migrateToLatest(withDatabase(url, building))
+        // Renamed only once complete, so a crash never leaves a half-built template in use.
+        await admin.query(`alter database "${building}" rename to "${template}"`)
+      }
+    } finally {
+      await admin.query('select pg_advisory_unlock($1)', [TEMPLATE_LOCK])
+    }
+  })
+  return template
+}
+
+let fileDatabase: Promise<string> | undefined
+
+/**
+ * The URL of this test file's own freshly migrated database, created on
+ * first use and dropped when the file's tests end.
+ */
+export function testDatabaseUrl (): Promise<string> {
+  fileDatabase ??= (async () => {
+    const url = await serverDatabaseUrl()
+    const template = await ensureTemplate(url)
+    const slug = basename(process.argv[1] ?? 'test').replace(/\.test\.ts$/, '').replace(/[^a-z0-9]+/gi, '_').toLowerCase()
+    const name = `ocp_test_${slug}_${process.pid}`.slice(0, 63)
+    await withAdmin(url, async (admin) => {
+      await admin.query(`drop database if exists "${name}" with (force)`)
+      await admin.query(`create database "${name}" template "${template}"`)
+    })
+    t.teardown(() => withAdmin(url, (admin) => admin.query(`drop database if exists "${name}" with (force)`)))
+    return withDatabase(url, name)
+  })()
+  return fileDatabase
+}

@@ -1,0 +1,140 @@
+import type { Insertable, Kysely } from 'kysely'
+import pg from 'pg'
+import t from 'tap'
+import { createDb } from '../../db/pool.js'
+import type {
+  ArtifactsTable, Database, MessagesTable, RunsTable, TaskAttemptsTable, TasksTable, ThreadsTable
+} from '../../db/schema.js'
+import { testDatabaseUrl } from './database.js'
+
+/*
+ * Test data, written the way an orchestrator would: through a connection
+ * of its own with write rights (the service's pool cannot write).
+ */
+
+let writerDb: Promise<Kysely<Database>> | undefined
+
+/** A read-write connection to this file's database, closed when the file ends. */
+export function writer (): Promise<Kysely<Database>> {
+  writerDb ??= (async () => {
+    const db = createDb(new pg.Pool({ connectionString: await testDatabaseUrl(), max: 4 }))
+    t.teardown(() => db.destroy())
+    return db
+  })()
+  return writerDb
+}
+
+let clock = Date.parse('2026-01-01T00:00:00.000Z')
+/** Strictly increasing timestamps, one second apart, so creation order is known. */
+export const tick = (): string => new Date(clock += 1000).toISOString()
+
+let sequence = 0
+export const uid = (prefix: string) => `${prefix}-${++sequence}`
+
+/** A raw JSON column value: pg must get JSON text (it would turn a JS array into a Postgres array). */
+export const json = (value: unknown) => JSON.stringify(value)
+
+export const makeRun = (fields: Partial<Insertable<RunsTable>> = {}): Insertable<RunsTable> => {
+  const at = tick()
+  return { run_id: uid('run'), goal: 'Ship the feature', summary: 'A run', status: 'running', created_at: at, updated_at: at, ...fields }
+}
+
+export const makeTask = (fields: Partial<Insertable<TasksTable>> & Pick<Insertable<TasksTable>, 'run_id'>): Insertable<TasksTable> => {
+  const at = tick()
+  return {
+    task_id: uid('task'),
+    title: 'Do the thing',
+    summary: 'A task',
+    status: 'ready',
+    default_to: null,
+    priority: 'normal',
+    acceptance_json: json({ criteria: ['it works'] }),
+    latest_attempt_no: null,
+    created_at: at,
+    updated_at: at,
+    ...fields
+  }
+}
+
+export const makeAttempt = (
+  fields: Partial<Insertable<TaskAttemptsTable>> & Pick<Insertable<TaskAttemptsTable>, 'run_id' | 'task_id' | 'thread_id'>
+): Insertable<TaskAttemptsTable> => {
+  const at = tick()
+  return {
+    attempt_no: 1,
+    assigned_to: 'worker-1',
+    base_ref: null,
+    base_commit: null,
+    branch_name: null,
+    worktree_path: null,
+    workspace_status: null,
+    result_commit: null,
+    status: 'running',
+    created_at: at,
+    updated_at: at,
+    ...fields
+  }
+}
+
+export const makeThread = (
+  fields: Partial<Insertable<ThreadsTable>> & Pick<Insertable<ThreadsTable>, 'run_id' | 'task_id'>
+): Insertable<ThreadsTable> => {
+  const at = tick()
+  return {
+    thread_id: uid('thread'),
+    subject: 'About the task',
+    created_by: 'orchestrator',
+    assigned_to: 'worker-1',
+    status: 'open',
+    priority: 'normal',
+    latest_message_id: null,
+    created_at: at,
+    updated_at: at,
+    ...fields
+  }
+}
+
+export const makeMessage = (
+  fields: Partial<Insertable<MessagesTable>> & Pick<Insertable<MessagesTable>, 'thread_id'>
+): Insertable<MessagesTable> => ({
+  message_id: uid('message'),
+  from_agent: 'worker-1',
+  to_agent: 'orchestrator',
+  kind: 'update',
+  summary: 'Progress',
+  body: 'Some progress was made.',
+  payload_json: json({}),
+  created_at: tick(),
+  ...fields
+})
+
+export const makeArtifact = (
+  fields: Partial<Insertable<ArtifactsTable>> & Pick<Insertable<ArtifactsTable>, 'message_id'>
+): Insertable<ArtifactsTable> => ({
+  artifact_id: uid('artifact'),
+  path: 'out/report.txt',
+  kind: 'file',
+  metadata_json: json({ size: 1 }),
+  created_at: tick(),
+  ...fields
+})
+
+export interface Graph {
+  runs?: Insertable<RunsTable>[]
+  tasks?: Insertable<TasksTable>[]
+  task_attempts?: Insertable<TaskAttemptsTable>[]
+  threads?: Insertable<ThreadsTable>[]
+  messages?: Insertable<MessagesTable>[]
+  artifacts?: Insertable<ArtifactsTable>[]
+}
+
+/** Inserts rows in dependency order, in one transaction. */
+export async function insertGraph (graph: Graph): Promise<void> {
+  const db = await writer()
+  await db.transaction().execute(async (trx) => {
+    for (const table of ['runs', 'tasks', 'task_attempts', 'threads', 'messages', 'artifacts'] as const) {
+      const rows = graph[table]
+      if (rows !== undefined && rows.length > 0) await trx.insertInto(table).values(rows as never).execute()
+    }
+  })
+}

@@ -1,0 +1,161 @@
+import { spawn } from 'node:child_process'
+import { once } from 'node:events'
+import { dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import pg from 'pg'
+import t, { type Test } from 'tap'
+import { Kysely, Migrator, PostgresDialect, sql } from 'kysely'
+import { migrateToLatest } from '../db/migrate.js'
+import { migrations } from '../db/migrations/index.js'
+import { serverDatabaseUrl, withDatabase } from './helpers/database.js'
+
+// The two entry points as a user runs them: the server and `npm run migrate`.
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..')
+
+interface Outcome { code: number | null, stdout: string, stderr: string }
+
+function run (script: string, env: Record<string, string | undefined>, onStdout?: (text: string, child: ReturnType<typeof spawn>) => void): Promise<Outcome> {
+  // The same loaders as this test process (TypeScript, coverage tracking).
+  const child = spawn(process.execPath, [...process.execArgv, join(root, script)], {
+    cwd: root,
+    env: { ...process.env, DATABASE_URL: undefined, LOG_LEVEL: 'info', ...env },
+    stdio: ['ignore', 'pipe', 'pipe']
+  })
+  let stdout = ''
+  let stderr = ''
+  child.stdout.on('data', (chunk) => { stdout += chunk; onStdout?.(stdout, child) })
+  child.stderr.on('data', (chunk) => { stderr += chunk })
+  return once(child, 'exit').then(([code]) => ({ code: code as number | null, stdout, stderr }))
+}
+
+/** A fresh, empty database for the entry points to migrate. */
+async function emptyDatabase (t: Test, name: string): Promise<string> {
+  const url = await serverDatabaseUrl()
+  const admin = new pg.Client({ connectionString: url })
+  await admin.connect()
+  const database = `ocp_test_${name}_${process.pid}`
+  await admin.query(`drop database if exists "${database}" with (force)`)
+  await admin.query(`create database "${database}"`)
+  t.teardown(async () => {
+    await admin.query(`drop database if exists "${database}" with (force)`)
+    await admin.end()
+  })
+  return withDatabase(url, database)
+}
+
+t.test('migrateToLatest applies pending migrations once', async (t) => {
+  const url = await emptyDatabase(t, 'migrate_fn')
+  t.same(await migrateToLatest(url), { applied: ['0001_control_plane_schema'] })
+  t.same(await migrateToLatest(url), { applied: [] }, 'nothing left to apply')
+  await t.rejects(migrateToLatest('postgres://postgres@127.0.0.1:1/none'), /ECONNREFUSED|connect/)
+})
+
+t.test('a failing migration is reported by name, and rolls back', async (t) => {
+  const url = await emptyDatabase(t, 'migrate_fail')
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  await client.query('create table runs (x int)') // in the way of 0001
+  await t.rejects(migrateToLatest(url), /^migration 0001_control_plane_schema failed: relation "runs" already exists/)
+  const tables = await client.query(`select count(*)::int as n from pg_tables where tablename = 'tasks'`)
+  t.equal(tables.rows[0].n, 0, 'nothing of the failed migration remains')
+  await client.end()
+})
+
+t.test('every migration can be rolled back', async (t) => {
+  const url = await emptyDatabase(t, 'migrate_down')
+  await migrateToLatest(url)
+  const db = new Kysely<unknown>({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: url, max: 1 }) }) })
+  const migrator = new Migrator({ db, provider: { getMigrations: async () => migrations } })
+  for (const name of Object.keys(migrations).reverse()) {
+    const { error, results } = await migrator.migrateDown()
+    t.equal(error, undefined, `${name} rolls back`)
+    t.equal(results?.[0]?.migrationName, name)
+  }
+  const left = await sql<{ n: number }>`select count(*)::int as n from pg_tables where schemaname = 'public' and tablename not like 'kysely_%'`.execute(db)
+  t.equal(left.rows[0]?.n, 0, 'no table is left')
+  await db.destroy()
+  t.same(await migrateToLatest(url), { applied: Object.keys(migrations) }, 'and it migrates up again')
+})
+
+t.test('npm run migrate: applies, reports, and fails with the reason', async (t) => {
+  const url = await emptyDatabase(t, 'migrate_cli')
+  const first = await run('db/migrate.ts', { DATABASE_URL: url })
+  t.equal(first.code, 0, first.stderr)
+  t.match(first.stdout, /applied 0001_control_plane_schema/)
+  const again = await run('db/migrate.ts', { DATABASE_URL: url })
+  t.match(again.stdout, /already up to date/)
+  const missing = await run('db/migrate.ts', {})
+  t.equal(missing.code, 2)
+  t.match(missing.stderr, /DATABASE_URL is not set/)
+  const down = await run('db/migrate.ts', { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/none' })
+  t.equal(down.code, 1)
+  t.match(down.stderr, /^migrate: .*ECONNREFUSED/)
+})
+
+t.test('the server refuses a bad configuration, naming the variable', async (t) => {
+  const outcome = await run('server.ts', { DATABASE_URL: 'postgres://x/y', PORT: '99999' })
+  t.equal(outcome.code, 1)
+  t.match(outcome.stderr, /PORT must be <= 65535/)
+  const missing = await run('server.ts', {})
+  t.equal(missing.code, 1)
+  t.match(missing.stderr, /DATABASE_URL/)
+})
+
+t.test('the server exits non-zero when the database is unreachable at start', async (t) => {
+  const outcome = await run('server.ts', { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/none', PORT: '0' })
+  t.equal(outcome.code, 1)
+  t.match(outcome.stderr, /failed to start/)
+})
+
+t.test('the server migrates, serves, and stops on SIGTERM', async (t) => {
+  const url = await emptyDatabase(t, 'server')
+  let checked = false
+  const outcome = await run('server.ts', { DATABASE_URL: url, PORT: '0', HOST: '127.0.0.1' }, (stdout, child) => {
+    const match = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/.exec(stdout)
+    if (match === null || checked) return
+    checked = true
+    void (async () => {
+      const health = await fetch(`${match[1]}/health`)
+      t.same(await health.json(), { status: 'ok' })
+      const runs = await fetch(`${match[1]}/api/runs`)
+      t.same(await runs.json(), { runs: [] }, 'the migrated schema is served')
+      child.kill('SIGTERM')
+    })()
+  })
+  t.ok(checked, 'it listened')
+  t.equal(outcome.code, 0, 'a clean exit on SIGTERM')
+  t.match(outcome.stdout, /database migrated/)
+  t.match(outcome.stdout, /shutting down/)
+})
+
+t.test('a restart on a migrated database finds it up to date', async (t) => {
+  const url = await emptyDatabase(t, 'restart')
+  await migrateToLatest(url)
+  let listened = false
+  const outcome = await run('server.ts', { DATABASE_URL: url, PORT: '0', HOST: '127.0.0.1' }, (stdout, child) => {
+    if (listened || !/Server listening/.test(stdout)) return
+    listened = true
+    child.kill('SIGINT')
+  })
+  t.ok(listened)
+  t.equal(outcome.code, 0)
+  t.match(outcome.stdout, /database schema up to date/)
+})
+
+t.test('MIGRATE_ON_START=false leaves the schema alone', async (t) => {
+  const url = await emptyDatabase(t, 'nomigrate')
+  let checked = false
+  await run('server.ts', { DATABASE_URL: url, PORT: '0', HOST: '127.0.0.1', MIGRATE_ON_START: 'false' }, (stdout, child) => {
+    const match = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/.exec(stdout)
+    if (match === null || checked) return
+    checked = true
+    void (async () => {
+      const res = await fetch(`${match[1]}/api/runs`)
+      t.equal(res.status, 500, 'no tables: the unforeseen, as a bare 500')
+      t.same(await res.json(), { error: { code: 'internal', message: 'internal server error' } })
+      child.kill('SIGTERM')
+    })()
+  })
+  t.ok(checked)
+})
