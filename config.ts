@@ -17,7 +17,11 @@ export const ConfigSchema = Type.Object({
   DB_STATEMENT_TIMEOUT_MS: Type.Integer({ default: 5000, minimum: 1, maximum: 3_600_000 }),
   DB_CONNECT_TIMEOUT_MS: Type.Integer({ default: 5000, minimum: 1, maximum: 600_000 }),
   MIGRATE_ON_START: Type.Boolean({ default: true }),
-  RUN_LIST_DEFAULT_LIMIT: Type.Integer({ default: 1000, minimum: 1, maximum: 1000 })
+  RUN_LIST_DEFAULT_LIMIT: Type.Integer({ default: 1000, minimum: 1, maximum: 1000 }),
+  EVENTS_POLL_INTERVAL_MS: Type.Integer({ default: 250, minimum: 10, maximum: 60_000 }),
+  SSE_KEEPALIVE_MS: Type.Integer({ default: 15_000, minimum: 100, maximum: 3_600_000 }),
+  SSE_RETRY_MS: Type.Integer({ default: 2000, minimum: 0, maximum: 3_600_000 }),
+  SSE_MAX_BUFFERED_BYTES: Type.Integer({ default: 1_048_576, minimum: 1024, maximum: 1_073_741_824 })
 })
 
 export type Config = Static<typeof ConfigSchema>

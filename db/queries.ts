@@ -26,17 +26,29 @@ export interface Page {
   after?: PageKey
 }
 
-export interface PagedBody {
+/** Every read's body comes with the stream position it was read at (X-Event-Cursor). */
+export interface ReadBody {
   body: string
+  /** The highest event id visible to the snapshot that produced the body. */
+  eventCursor: string
+}
+
+export interface PagedBody extends ReadBody {
   /** Present when more items remain after this page. */
   next?: PageKey
 }
 
-export interface BlockedBody {
-  body: string
+export interface BlockedBody extends ReadBody {
   /** Blocked tasks left out because they have no attempt or no question. */
   leftOut: string[]
 }
+
+/**
+ * The stream position of the statement's snapshot. Event ids commit in
+ * order (migration 0002), so every event up to it is visible here, and a
+ * client that subscribes after it misses nothing that happened since.
+ */
+const eventCursor = sql<string>`(select coalesce(max(event_id), 0) from events)::text`.as('event_cursor')
 
 /** LIMIT for "no limit": larger than any table, and still a valid bigint. */
 const UNBOUNDED = Number.MAX_SAFE_INTEGER
@@ -137,17 +149,21 @@ function pageAggregates (key: string, limit: number) {
   return [
     sql<string>`json_build_object(${sql.lit(key)}, coalesce(json_agg(p.item order by p.position) filter (where p.position <= ${limit}), '[]'::json))::text`.as('body'),
     sql<string | null>`case when count(p.position) > ${limit} then max(p.key_created_at) filter (where p.position = ${limit}) end`.as('next_created_at'),
-    sql<string | null>`case when count(p.position) > ${limit} then max(p.key_id) filter (where p.position = ${limit}) end`.as('next_id')
+    sql<string | null>`case when count(p.position) > ${limit} then max(p.key_id) filter (where p.position = ${limit}) end`.as('next_id'),
+    eventCursor
   ] as const
 }
 
-function toPagedBody (row: { body: string, next_created_at: string | null, next_id: string | null }): PagedBody {
+function toPagedBody (row: { body: string, next_created_at: string | null, next_id: string | null, event_cursor: string }): PagedBody {
+  const page = { body: row.body, eventCursor: row.event_cursor }
   return row.next_created_at !== null && row.next_id !== null
-    ? { body: row.body, next: { createdAt: row.next_created_at, id: row.next_id } }
-    : { body: row.body }
+    ? { ...page, next: { createdAt: row.next_created_at, id: row.next_id } }
+    : page
 }
 
-const leftOutIds = (leftOut: string[] | null) => leftOut ?? []
+function toBlockedBody (row: { body: string, left_out: string[] | null, event_cursor: string }): BlockedBody {
+  return { body: row.body, eventCursor: row.event_cursor, leftOut: row.left_out ?? [] }
+}
 
 // ---- the queries ----------------------------------------------------------
 
@@ -216,27 +232,28 @@ export async function getRunDetail (db: Db, runId: string): Promise<BlockedBody 
         'tasks', (${tasksOf(eb, eb.ref('r.run_id'))}),
         'blocked_tasks', b.blocked
       ))::text`.as('body'),
-      'b.left_out'
+      'b.left_out',
+      eventCursor
     ])
     .where('r.run_id', '=', runId)
     .executeTakeFirst()
-  return row === undefined ? undefined : { body: row.body, leftOut: leftOutIds(row.left_out) }
+  return row === undefined ? undefined : toBlockedBody(row)
 }
 
 /** listBlockedTasks: a run's blocked tasks; undefined for an unknown run. */
 export async function listBlockedTasks (db: Db, runId: string): Promise<BlockedBody | undefined> {
   const row = await db.selectFrom('runs as r')
     .innerJoinLateral((eb) => blockedTasks(eb, eb.ref('r.run_id')).as('b'), (join) => join.onTrue())
-    .select([sql<string>`json_build_object('blocked', b.blocked)::text`.as('body'), 'b.left_out'])
+    .select([sql<string>`json_build_object('blocked', b.blocked)::text`.as('body'), 'b.left_out', eventCursor])
     .where('r.run_id', '=', runId)
     .executeTakeFirst()
-  return row === undefined ? undefined : { body: row.body, leftOut: leftOutIds(row.left_out) }
+  return row === undefined ? undefined : toBlockedBody(row)
 }
 
 /** getThreadDetail: the thread and its messages (created_at, message_id), each with its artifacts. */
-export async function getThreadDetail (db: Db, threadId: string): Promise<string | undefined> {
+export async function getThreadDetail (db: Db, threadId: string): Promise<ReadBody | undefined> {
   const row = await db.selectFrom('threads as th')
-    .select((eb) => sql<string>`json_build_object('thread', json_build_object(
+    .select((eb) => [sql<string>`json_build_object('thread', json_build_object(
       'thread', ${rowObject(Resource.Thread, 'th')},
       'messages', (${eb.selectFrom('messages as m')
         .select((inner) => jsonArray(
@@ -244,8 +261,8 @@ export async function getThreadDetail (db: Db, threadId: string): Promise<string
           sql`m.created_at, m.message_id`
         ).as('messages'))
         .whereRef('m.thread_id', '=', 'th.thread_id')})
-    ))::text`.as('body'))
+    ))::text`.as('body'), eventCursor])
     .where('th.thread_id', '=', threadId)
     .executeTakeFirst()
-  return row?.body
+  return row === undefined ? undefined : { body: row.body, eventCursor: row.event_cursor }
 }

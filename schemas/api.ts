@@ -46,8 +46,38 @@ export const BlockedTaskList = Type.Object({
 
 export const ThreadDetailEnvelope = Type.Object({ thread: Type.Ref('ThreadDetail') }, { $id: 'ThreadDetailEnvelope', additionalProperties: false })
 
+export const EventList = Type.Object({
+  events: Type.Array(Type.Ref('Event'), { description: 'Ascending event_id' })
+}, { $id: 'EventList', additionalProperties: false })
+
 /** The response wrappers, registered like the resources so documents name them. */
-export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope]
+export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope, EventList]
+
+/** An event id given by a client: a non-negative integer, as text. */
+export const EventCursor = Type.String({
+  pattern: '^[0-9]{1,16}$',
+  description: 'An event_id: the stream resumes after it (0 replays from the first event)'
+})
+
+const eventFilters = {
+  run_id: Type.Optional(Type.String({ pattern: '^[^\\u0000]*$', description: 'Only events of this run' })),
+  thread_id: Type.Optional(Type.String({ pattern: '^[^\\u0000]*$', description: 'Only events of this thread' }))
+}
+
+export const StreamQuery = Type.Object({
+  after_event_id: Type.Optional(EventCursor),
+  ...eventFilters
+})
+
+/** Largest page of GET /api/events. */
+export const MAX_EVENTS_LIMIT = 1000
+export const DEFAULT_EVENTS_LIMIT = 100
+
+export const EventsQuery = Type.Object({
+  after_event_id: Type.Optional(EventCursor),
+  ...eventFilters,
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_EVENTS_LIMIT, description: `Page size, ${DEFAULT_EVENTS_LIMIT} by default` }))
+})
 
 const errorEnvelope = Type.Ref('ErrorEnvelope')
 

@@ -135,7 +135,19 @@ export const ErrorEnvelope = Type.Object({
   }, { additionalProperties })
 }, { $id: 'ErrorEnvelope', additionalProperties })
 
+/** One persisted event (SPEC section 6): every field always present, strings possibly empty. */
+export const Event = Type.Object({
+  event_id: Type.Integer({ minimum: 1, description: 'Monotonic: the only resume cursor' }),
+  event_type: Type.String({ description: 'task_added, task_ready, task_dispatched, task_running, task_blocked, task_answered, task_done, task_failed, thread_claim, thread_update, thread_reply, thread_result, council_tallied, council_report_persisted, or another' }),
+  run_id: Type.String({ description: '"" when the event is not tied to a run' }),
+  task_id: Type.String({ description: '"" when the event is not tied to a task' }),
+  thread_id: Type.String({ description: '"" when the event is not tied to a thread' }),
+  summary: Type.String(),
+  payload: RawJson('Free-form JSON, at least {}'),
+  created_at: DateTime()
+}, { $id: 'Event', additionalProperties })
+
 /** Every shared schema, in an order where each is added after those it references. */
 export const resourceSchemas: TObject[] = [
-  Run, RunListItem, Task, TaskAttempt, Artifact, Message, Thread, ThreadDetail, BlockedTask, RunDetail, ErrorEnvelope
+  Run, RunListItem, Task, TaskAttempt, Artifact, Message, Thread, ThreadDetail, BlockedTask, RunDetail, Event, ErrorEnvelope
 ]

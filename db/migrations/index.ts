@@ -1,5 +1,6 @@
 import type { Migration } from 'kysely'
 import * as controlPlaneSchema from './0001_control_plane_schema.js'
+import * as eventStream from './0002_event_stream.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -7,5 +8,6 @@ import * as controlPlaneSchema from './0001_control_plane_schema.js'
  * TypeScript sources and from the compiled dist/.
  */
 export const migrations: Record<string, Migration> = {
-  '0001_control_plane_schema': controlPlaneSchema
+  '0001_control_plane_schema': controlPlaneSchema,
+  '0002_event_stream': eventStream
 }

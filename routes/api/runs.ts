@@ -37,7 +37,7 @@ function sendPage (request: FastifyRequest, reply: FastifyReply, page: PagedBody
     const query = new URLSearchParams({ limit: String(limit), cursor: encodeCursor(page.next) })
     reply.header('link', `<${path}?${query.toString()}>; rel="next"`)
   }
-  return reply.sendRawJson(page.body)
+  return reply.sendRead(page)
 }
 
 // ---- blocked tasks left out (CONTRACT section 2) --------------------------
@@ -95,7 +95,7 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const detail = await getRunDetail(app.db, runID)
     if (detail === undefined) throw notFound('run')
     reportLeftOut(request.log, runID, detail.leftOut)
-    return reply.sendRawJson(detail.body)
+    return reply.sendRead(detail)
   })
 
   app.get('/runs/:runID/tasks', {
@@ -127,7 +127,7 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const blocked = await listBlockedTasks(app.db, runID)
     if (blocked === undefined) throw notFound('run')
     reportLeftOut(request.log, runID, blocked.leftOut)
-    return reply.sendRawJson(blocked.body)
+    return reply.sendRead(blocked)
   })
 }
 

@@ -13,9 +13,9 @@ const threadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       response: { 200: Type.Ref('ThreadDetailEnvelope'), ...notFoundErrors }
     }
   }, async (request, reply) => {
-    const body = await getThreadDetail(app.db, request.params.threadID)
-    if (body === undefined) throw notFound('thread')
-    return reply.sendRawJson(body)
+    const thread = await getThreadDetail(app.db, request.params.threadID)
+    if (thread === undefined) throw notFound('thread')
+    return reply.sendRead(thread)
   })
 }
 

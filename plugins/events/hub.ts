@@ -1,0 +1,146 @@
+import type { FastifyBaseLogger } from 'fastify'
+import { eventsAfter, latestEventId, type StoredEvent } from '../../db/events.js'
+import type { Db } from '../../db/queries.js'
+import type { Subscriber } from './subscriber.js'
+
+export interface HubOptions {
+  pollIntervalMs: number
+  keepAliveMs: number
+  log: FastifyBaseLogger
+}
+
+/** Events read per poll query; a poll reads pages until it is up to date. */
+export const POLL_PAGE_SIZE = 1000
+
+/**
+ * The one poller of a process. Every pollIntervalMs it reads the events
+ * committed since its head (one indexed query, however many subscribers)
+ * and hands each to the subscribers whose filters match, found through
+ * indexes by run and by thread rather than by scanning them all.
+ *
+ * Event ids commit in order (migration 0002), so `event_id > head` never
+ * skips an event that commits late.
+ */
+export class EventHub {
+  /** The highest event id handed to subscribers; undefined until first read. */
+  #head: number | undefined
+  #initializing: Promise<number> | undefined
+  #timer: NodeJS.Timeout | undefined
+  #stopped = false
+  #failing = false
+  #lastPollAt = 0
+  readonly #subscribers = new Set<Subscriber>()
+  readonly #unfiltered = new Set<Subscriber>()
+  readonly #byRun = new Map<string, Set<Subscriber>>()
+  readonly #byThread = new Map<string, Set<Subscriber>>()
+
+  constructor (readonly db: Db, readonly options: HubOptions) {}
+
+  get size (): number {
+    return this.#subscribers.size
+  }
+
+  /** When the last successful poll finished (epoch ms; 0 before the first). */
+  get lastPollAt (): number {
+    return this.#lastPollAt
+  }
+
+  get head (): number | undefined {
+    return this.#head
+  }
+
+  /** The head, read from the table on first use (once, however many callers wait). */
+  ready (): Promise<number> {
+    if (this.#head !== undefined) return Promise.resolve(this.#head)
+    this.#initializing ??= latestEventId(this.db).then((head) => {
+      this.#head ??= head
+      return this.#head
+    }).finally(() => { this.#initializing = undefined })
+    return this.#initializing
+  }
+
+  start (): void {
+    this.#schedule()
+  }
+
+  /** Ends every stream and stops polling. */
+  stop (): void {
+    this.#stopped = true
+    clearTimeout(this.#timer)
+    for (const subscriber of this.#subscribers) subscriber.end()
+  }
+
+  subscribe (subscriber: Subscriber): void {
+    this.#subscribers.add(subscriber)
+    const { runId, threadId } = subscriber.filter
+    if (runId !== undefined) addTo(this.#byRun, runId, subscriber)
+    else if (threadId !== undefined) addTo(this.#byThread, threadId, subscriber)
+    else this.#unfiltered.add(subscriber)
+  }
+
+  unsubscribe (subscriber: Subscriber): void {
+    this.#subscribers.delete(subscriber)
+    const { runId, threadId } = subscriber.filter
+    if (runId !== undefined) removeFrom(this.#byRun, runId, subscriber)
+    else if (threadId !== undefined) removeFrom(this.#byThread, threadId, subscriber)
+    else this.#unfiltered.delete(subscriber)
+  }
+
+  /** Reads and hands out every event committed since the head. */
+  async poll (): Promise<void> {
+    let head = await this.ready()
+    for (;;) {
+      const events = await eventsAfter(this.db, head, {}, POLL_PAGE_SIZE)
+      for (const event of events) this.#fanOut(event)
+      if (events.length > 0) head = this.#head = events[events.length - 1]!.id
+      if (events.length < POLL_PAGE_SIZE) break
+    }
+    this.#lastPollAt = Date.now()
+  }
+
+  /** Heartbeats for the streams that have been quiet for keepAliveMs. */
+  sweep (now: number): void {
+    if (this.#head === undefined) return
+    for (const subscriber of this.#subscribers) subscriber.heartbeat(now, this.#head, this.options.keepAliveMs)
+  }
+
+  #fanOut (event: StoredEvent): void {
+    for (const subscriber of this.#unfiltered) subscriber.offer(event)
+    const byRun = this.#byRun.get(event.runId)
+    if (byRun !== undefined) for (const subscriber of byRun) if (subscriber.matches(event)) subscriber.offer(event)
+    const byThread = this.#byThread.get(event.threadId)
+    if (byThread !== undefined) for (const subscriber of byThread) subscriber.offer(event)
+  }
+
+  #schedule (): void {
+    if (this.#stopped) return
+    this.#timer = setTimeout(() => { void this.#tick() }, this.options.pollIntervalMs)
+  }
+
+  async #tick (): Promise<void> {
+    try {
+      await this.poll()
+      if (this.#failing) this.options.log.info('event poller recovered')
+      this.#failing = false
+    } catch (err) {
+      // The database is away: streams stay open and resume when it is back.
+      if (!this.#failing) this.options.log.warn({ err }, 'event poller cannot read events; retrying')
+      this.#failing = true
+    }
+    this.sweep(Date.now())
+    this.#schedule()
+  }
+}
+
+function addTo<K> (index: Map<K, Set<Subscriber>>, key: K, subscriber: Subscriber) {
+  let set = index.get(key)
+  if (set === undefined) index.set(key, set = new Set())
+  set.add(subscriber)
+}
+
+function removeFrom<K> (index: Map<K, Set<Subscriber>>, key: K, subscriber: Subscriber) {
+  const set = index.get(key)
+  if (set === undefined) return
+  set.delete(subscriber)
+  if (set.size === 0) index.delete(key)
+}

@@ -1,0 +1,133 @@
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
+import type { ServerResponse } from 'node:http'
+import { Type } from 'typebox'
+import { eventsAfter, latestEventId, listEvents, type EventFilter, type StoredEvent } from '../../db/events.js'
+import { badRequest } from '../../errors.js'
+import { Subscriber } from '../../plugins/events/subscriber.js'
+import { commonErrors, DEFAULT_EVENTS_LIMIT, EventsQuery, StreamQuery } from '../../schemas/api.js'
+
+/** Events read per catch-up query of a stream that resumes from an older cursor. */
+export const CATCH_UP_PAGE_SIZE = 500
+
+/** A client's cursor (after_event_id or Last-Event-ID): a non-negative integer. */
+function parseCursor (text: string, name: string): number {
+  const value = /^[0-9]{1,16}$/.test(text) ? Number(text) : Number.NaN
+  if (!Number.isSafeInteger(value)) throw badRequest(`${name} must be a non-negative integer event_id`)
+  return value
+}
+
+/** Empty filters mean "no filter": `?run_id=` is what a UI sends before it knows the run. */
+function toFilter (query: { run_id?: string, thread_id?: string }): EventFilter {
+  return {
+    ...(query.run_id ? { runId: query.run_id } : {}),
+    ...(query.thread_id ? { threadId: query.thread_id } : {})
+  }
+}
+
+function drained (response: ServerResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      response.off('drain', done)
+      response.off('close', done)
+      resolve()
+    }
+    response.on('drain', done)
+    response.on('close', done)
+  })
+}
+
+const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const { SSE_MAX_BUFFERED_BYTES, SSE_RETRY_MS } = app.config
+  const hub = app.events
+
+  const dropSlowConsumer = (subscriber: Subscriber) => {
+    app.log.warn({ filter: subscriber.filter, buffered: subscriber.response.writableLength }, 'event stream client is not reading: disconnected')
+    subscriber.response.destroy()
+  }
+
+  /** Writes events from the table until the stream is level with the hub, then leaves it live. */
+  async function catchUp (subscriber: Subscriber, firstPage: StoredEvent[]): Promise<void> {
+    let page = firstPage
+    for (;;) {
+      for (const event of page) {
+        if (!subscriber.send(event)) await drained(subscriber.response)
+      }
+      if (subscriber.closed) return
+      if (page.length < CATCH_UP_PAGE_SIZE && subscriber.goLive()) return
+      page = await eventsAfter(app.db, subscriber.lastId, subscriber.filter, CATCH_UP_PAGE_SIZE)
+    }
+  }
+
+  app.get('/events/stream', {
+    sse: { kind: 'manual', heartbeat: false },
+    schema: {
+      operationId: 'streamEvents',
+      summary: 'The live event stream (Server-Sent Events)',
+      description: 'Each event is `id: <event_id>` and `data: <Event as one line of JSON>`. Resumes after the Last-Event-ID header if sent, else after `after_event_id`, else from the current end. Sends `retry:` once, `: keep-alive` comments when quiet, and id-only blocks that move a filtered client\'s cursor. Every committed event matching the filters is delivered exactly once, in ascending event_id.',
+      querystring: StreamQuery,
+      headers: Type.Object({
+        'last-event-id': Type.Optional(Type.String({ description: 'The last event_id received; wins over after_event_id' }))
+      }),
+      response: {
+        200: {
+          description: 'A text/event-stream of Event envelopes',
+          content: { 'text/event-stream': { schema: Type.Ref('Event') } }
+        },
+        ...commonErrors
+      }
+    }
+  }, async (request, reply) => {
+    // A browser EventSource reconnects to its original URL, whose
+    // after_event_id is stale: the header it adds must win.
+    const header = request.headers['last-event-id']?.trim()
+    const resumeAfter = header
+      ? parseCursor(header, 'Last-Event-ID')
+      : request.query.after_event_id === undefined ? undefined : parseCursor(request.query.after_event_id, 'after_event_id')
+    const filter = toFilter(request.query)
+
+    await hub.ready()
+    const subscriber = new Subscriber(reply.raw, filter, resumeAfter ?? 0, SSE_MAX_BUFFERED_BYTES, dropSlowConsumer)
+    // Subscribed before reading the table: whatever the hub polls from now
+    // on reaches this subscriber, and whatever it polled before, the reads
+    // below see (see README, "The event stream", for the argument).
+    hub.subscribe(subscriber)
+    reply.sse.onClose(() => hub.unsubscribe(subscriber))
+
+    let firstPage: StoredEvent[] = []
+    try {
+      if (resumeAfter === undefined) subscriber.lastId = await latestEventId(app.db)
+      else firstPage = await eventsAfter(app.db, resumeAfter, filter, CATCH_UP_PAGE_SIZE)
+    } catch (err) {
+      hub.unsubscribe(subscriber)
+      throw err // before any byte is sent: the client gets the 503 envelope
+    }
+
+    if (!reply.sse.isConnected) return
+    reply.sse.keepAlive()
+    reply.sse.sendHeaders()
+    subscriber.write(`retry: ${SSE_RETRY_MS}\n\n`)
+    try {
+      await catchUp(subscriber, firstPage)
+    } catch (err) {
+      // Mid-stream the status is sent: end it, and the client resumes from its last id.
+      request.log.warn({ err }, 'event stream catch-up failed; ending the stream')
+      subscriber.end()
+    }
+  })
+
+  app.get('/events', {
+    schema: {
+      operationId: 'listEvents',
+      summary: 'A page of events, for clients that cannot hold a stream open',
+      description: `Events after \`after_event_id\` (0, the first event, by default) matching the filters, ascending, at most \`limit\` (${DEFAULT_EVENTS_LIMIT} by default). X-Event-Cursor is where to resume: the last event returned when the page is full, else the stream's end.`,
+      querystring: EventsQuery,
+      response: { 200: Type.Ref('EventList'), ...commonErrors }
+    }
+  }, async (request, reply) => {
+    const { after_event_id: after, limit = DEFAULT_EVENTS_LIMIT } = request.query
+    const page = await listEvents(app.db, after === undefined ? 0 : parseCursor(after, 'after_event_id'), toFilter(request.query), limit)
+    return reply.header('x-event-cursor', page.cursor).sendRawJson(page.body)
+  })
+}
+
+export default eventRoutes
