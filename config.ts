@@ -21,7 +21,8 @@ export const ConfigSchema = Type.Object({
   EVENTS_POLL_INTERVAL_MS: Type.Integer({ default: 250, minimum: 10, maximum: 60_000 }),
   SSE_KEEPALIVE_MS: Type.Integer({ default: 15_000, minimum: 100, maximum: 3_600_000 }),
   SSE_RETRY_MS: Type.Integer({ default: 2000, minimum: 0, maximum: 3_600_000 }),
-  SSE_MAX_BUFFERED_BYTES: Type.Integer({ default: 1_048_576, minimum: 1024, maximum: 1_073_741_824 })
+  SSE_MAX_BUFFERED_BYTES: Type.Integer({ default: 1_048_576, minimum: 1024, maximum: 1_073_741_824 }),
+  SSE_SLOW_CLIENT_TIMEOUT_MS: Type.Integer({ default: 30_000, minimum: 100, maximum: 3_600_000 })
 })
 
 export type Config = Static<typeof ConfigSchema>

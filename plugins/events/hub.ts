@@ -28,7 +28,6 @@ export class EventHub {
   #timer: NodeJS.Timeout | undefined
   #stopped = false
   #failing = false
-  #lastPollAt = 0
   readonly #subscribers = new Set<Subscriber>()
   readonly #unfiltered = new Set<Subscriber>()
   readonly #byRun = new Map<string, Set<Subscriber>>()
@@ -38,15 +37,6 @@ export class EventHub {
 
   get size (): number {
     return this.#subscribers.size
-  }
-
-  /** When the last successful poll finished (epoch ms; 0 before the first). */
-  get lastPollAt (): number {
-    return this.#lastPollAt
-  }
-
-  get head (): number | undefined {
-    return this.#head
   }
 
   /** The head, read from the table on first use (once, however many callers wait). */
@@ -63,10 +53,15 @@ export class EventHub {
     this.#schedule()
   }
 
-  /** Ends every stream and stops polling. */
+  /** Stops polling and ends every stream. */
   stop (): void {
     this.#stopped = true
     clearTimeout(this.#timer)
+    this.endAll()
+  }
+
+  /** Ends every open stream cleanly; their clients reconnect and resume from their last id. */
+  endAll (): void {
     for (const subscriber of this.#subscribers) subscriber.end()
   }
 
@@ -78,8 +73,9 @@ export class EventHub {
     else this.#unfiltered.add(subscriber)
   }
 
+  /** Idempotent: a stream may be released by its close and by a failed start alike. */
   unsubscribe (subscriber: Subscriber): void {
-    this.#subscribers.delete(subscriber)
+    if (!this.#subscribers.delete(subscriber)) return
     const { runId, threadId } = subscriber.filter
     if (runId !== undefined) removeFrom(this.#byRun, runId, subscriber)
     else if (threadId !== undefined) removeFrom(this.#byThread, threadId, subscriber)
@@ -95,7 +91,6 @@ export class EventHub {
       if (events.length > 0) head = this.#head = events[events.length - 1]!.id
       if (events.length < POLL_PAGE_SIZE) break
     }
-    this.#lastPollAt = Date.now()
   }
 
   /** Heartbeats for the streams that have been quiet for keepAliveMs. */
@@ -139,8 +134,7 @@ function addTo<K> (index: Map<K, Set<Subscriber>>, key: K, subscriber: Subscribe
 }
 
 function removeFrom<K> (index: Map<K, Set<Subscriber>>, key: K, subscriber: Subscriber) {
-  const set = index.get(key)
-  if (set === undefined) return
+  const set = index.get(key)!
   set.delete(subscriber)
   if (set.size === 0) index.delete(key)
 }

@@ -6,18 +6,34 @@ export const eventFrame = (event: StoredEvent) => `id: ${event.id}\ndata: ${even
 
 export const KEEP_ALIVE = ': keep-alive\n\n'
 
+export interface SubscriberOptions {
+  /** Reads up to pageSize matching events after an id, from the table. */
+  readAfter: (afterId: number, filter: EventFilter) => Promise<StoredEvent[]>
+  pageSize: number
+  /** Most bytes queued for the client before it stops receiving live events. */
+  maxBufferedBytes: number
+  /** How long a client over the bound may take to drain before it is disconnected. */
+  slowClientMs: number
+  /** Told why a stream was cut (a client that does not read, a failed read). */
+  onDrop: (subscriber: Subscriber, reason: string, err?: unknown) => void
+}
+
 /**
- * One open stream. It starts "catching up" (reading the table from its
- * cursor while the hub's live events wait in a bounded buffer), then goes
- * live: the hub hands it each matching event as it is polled. Every write
- * goes through `send`, which drops anything at or below the last id
- * written, so the hand-off between the two can neither repeat nor reorder.
+ * One open stream. It is either live (the hub hands it each matching event
+ * as it is polled) or catching up (reading the table from its last id while
+ * the hub's live events wait in a bounded buffer). Every write goes through
+ * `send`, which drops anything at or below the last id written, so the
+ * hand-off between the two can neither repeat nor reorder an event.
+ *
+ * A client whose unsent bytes pass maxBufferedBytes stops receiving live
+ * events and catches up from the table once it drains; if it does not drain
+ * within slowClientMs it is disconnected. Memory per client stays bounded.
  */
 export class Subscriber {
   /** The last position this client was told of, by an event or an id-only block. */
   lastId: number
   lastWriteAt = Date.now()
-  /** Live events that arrived during catch-up; undefined once live. */
+  /** Live events that arrived while catching up; undefined when live. */
   #waiting: StoredEvent[] | undefined = []
   #waitingBytes = 0
   #overflowed = false
@@ -26,9 +42,7 @@ export class Subscriber {
     readonly response: ServerResponse,
     readonly filter: EventFilter,
     startId: number,
-    readonly maxBufferedBytes: number,
-    /** Called when the client stopped reading: its buffer passed maxBufferedBytes. */
-    readonly onSlowConsumer: (subscriber: Subscriber) => void
+    readonly options: SubscriberOptions
   ) {
     this.lastId = startId
   }
@@ -49,42 +63,44 @@ export class Subscriber {
   /** A live event from the hub: sent now, or kept until catch-up ends. */
   offer (event: StoredEvent): void {
     if (this.#waiting === undefined) {
-      this.send(event)
-      return
+      if (this.response.writableLength <= this.options.maxBufferedBytes) {
+        this.send(event)
+        return
+      }
+      this.#fallBehind()
     }
     if (this.#overflowed) return
-    this.#waiting.push(event)
+    this.#waiting!.push(event)
     this.#waitingBytes += event.json.length
-    if (this.#waitingBytes > this.maxBufferedBytes) {
-      // Too much arrived while catching up: forget it, the table still has it.
+    if (this.#waitingBytes > this.options.maxBufferedBytes) {
+      // Too much arrived meanwhile: forget it, the table still has it.
       this.#overflowed = true
       this.#waiting = []
       this.#waitingBytes = 0
     }
   }
 
-  /** Writes an event past the last id written. False when the socket asks to wait for 'drain'. */
-  send (event: StoredEvent): boolean {
-    if (event.id <= this.lastId) return true
-    this.lastId = event.id
-    return this.write(eventFrame(event))
-  }
-
   /**
-   * Ends a catch-up pass. When live events overflowed meanwhile, returns
-   * false: the caller catches up again from lastId. Otherwise sends what
-   * waited and goes live.
+   * Writes events from the table until level with the hub, then goes live.
+   * `firstPage`, when given, is the first page already read after lastId
+   * (empty: nothing to read). Failures end the stream: the client resumes
+   * from its last id.
    */
-  goLive (): boolean {
-    if (this.#overflowed) {
-      this.#overflowed = false
-      return false
+  async catchUp (firstPage?: StoredEvent[]): Promise<void> {
+    try {
+      let page = firstPage ?? await this.options.readAfter(this.lastId, this.filter)
+      for (;;) {
+        for (const event of page) {
+          if (!this.send(event) && !await this.#drained()) return
+        }
+        if (this.closed) return
+        if (page.length < this.options.pageSize && this.#goLive()) return
+        page = await this.options.readAfter(this.lastId, this.filter)
+      }
+    } catch (err) {
+      this.options.onDrop(this, 'reading the events failed', err)
+      this.end()
     }
-    const waiting = this.#waiting ?? []
-    this.#waiting = undefined
-    this.#waitingBytes = 0
-    for (const event of waiting) this.send(event)
-    return true
   }
 
   /**
@@ -102,12 +118,15 @@ export class Subscriber {
     this.write(text)
   }
 
+  /** Writes an event past the last id written. False when the socket asks to wait for 'drain'. */
+  send (event: StoredEvent): boolean {
+    if (event.id <= this.lastId) return true
+    this.lastId = event.id
+    return this.write(eventFrame(event))
+  }
+
   write (text: string): boolean {
     if (this.closed) return true
-    if (this.response.writableLength > this.maxBufferedBytes) {
-      this.onSlowConsumer(this)
-      return true
-    }
     this.lastWriteAt = Date.now()
     return this.response.write(text)
   }
@@ -115,5 +134,46 @@ export class Subscriber {
   /** Ends the stream cleanly (shutdown): the client reconnects, elsewhere or later. */
   end (): void {
     if (!this.closed) this.response.end()
+  }
+
+  /** Ends a catch-up pass: false when live events overflowed meanwhile (another pass is needed). */
+  #goLive (): boolean {
+    if (this.#overflowed) {
+      this.#overflowed = false
+      return false
+    }
+    const waiting = this.#waiting!
+    this.#waiting = undefined
+    this.#waitingBytes = 0
+    for (const event of waiting) this.send(event)
+    return true
+  }
+
+  /** The client is not keeping up: buffer live events, and catch up once it drains. */
+  #fallBehind (): void {
+    this.#waiting = []
+    void this.#drained().then((drained) => drained ? this.catchUp() : undefined)
+  }
+
+  /** Waits for the client to drain; false (and disconnected) if it does not within slowClientMs. */
+  #drained (): Promise<boolean> {
+    if (this.closed) return Promise.resolve(false)
+    return new Promise((resolve) => {
+      const finish = (drained: boolean) => {
+        clearTimeout(timer)
+        this.response.off('drain', onDrain)
+        this.response.off('close', onClose)
+        if (!drained && !this.closed) {
+          this.options.onDrop(this, 'the client is not reading')
+          this.response.destroy()
+        }
+        resolve(drained && !this.closed)
+      }
+      const onDrain = () => finish(true)
+      const onClose = () => finish(false)
+      const timer = setTimeout(() => finish(false), this.options.slowClientMs)
+      this.response.on('drain', onDrain)
+      this.response.on('close', onClose)
+    })
   }
 }

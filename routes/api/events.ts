@@ -1,9 +1,8 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import type { ServerResponse } from 'node:http'
 import { Type } from 'typebox'
 import { eventsAfter, latestEventId, listEvents, type EventFilter, type StoredEvent } from '../../db/events.js'
 import { badRequest } from '../../errors.js'
-import { Subscriber } from '../../plugins/events/subscriber.js'
+import { Subscriber, type SubscriberOptions } from '../../plugins/events/subscriber.js'
 import { commonErrors, DEFAULT_EVENTS_LIMIT, EventsQuery, StreamQuery } from '../../schemas/api.js'
 
 /** Events read per catch-up query of a stream that resumes from an older cursor. */
@@ -24,38 +23,15 @@ function toFilter (query: { run_id?: string, thread_id?: string }): EventFilter 
   }
 }
 
-function drained (response: ServerResponse): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      response.off('drain', done)
-      response.off('close', done)
-      resolve()
-    }
-    response.on('drain', done)
-    response.on('close', done)
-  })
-}
-
 const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { SSE_MAX_BUFFERED_BYTES, SSE_RETRY_MS } = app.config
+  const { SSE_MAX_BUFFERED_BYTES, SSE_RETRY_MS, SSE_SLOW_CLIENT_TIMEOUT_MS } = app.config
   const hub = app.events
-
-  const dropSlowConsumer = (subscriber: Subscriber) => {
-    app.log.warn({ filter: subscriber.filter, buffered: subscriber.response.writableLength }, 'event stream client is not reading: disconnected')
-    subscriber.response.destroy()
-  }
-
-  /** Writes events from the table until the stream is level with the hub, then leaves it live. */
-  async function catchUp (subscriber: Subscriber, firstPage: StoredEvent[]): Promise<void> {
-    let page = firstPage
-    for (;;) {
-      for (const event of page) {
-        if (!subscriber.send(event)) await drained(subscriber.response)
-      }
-      if (subscriber.closed) return
-      if (page.length < CATCH_UP_PAGE_SIZE && subscriber.goLive()) return
-      page = await eventsAfter(app.db, subscriber.lastId, subscriber.filter, CATCH_UP_PAGE_SIZE)
-    }
+  const subscriberOptions: SubscriberOptions = {
+    readAfter: (afterId, filter) => eventsAfter(app.db, afterId, filter, CATCH_UP_PAGE_SIZE),
+    pageSize: CATCH_UP_PAGE_SIZE,
+    maxBufferedBytes: SSE_MAX_BUFFERED_BYTES,
+    slowClientMs: SSE_SLOW_CLIENT_TIMEOUT_MS,
+    onDrop: (subscriber, reason, err) => app.log.warn({ err, filter: subscriber.filter, lastId: subscriber.lastId }, `event stream ended: ${reason}`)
   }
 
   app.get('/events/stream', {
@@ -86,7 +62,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const filter = toFilter(request.query)
 
     await hub.ready()
-    const subscriber = new Subscriber(reply.raw, filter, resumeAfter ?? 0, SSE_MAX_BUFFERED_BYTES, dropSlowConsumer)
+    const subscriber = new Subscriber(reply.raw, filter, resumeAfter ?? 0, subscriberOptions)
     // Subscribed before reading the table: whatever the hub polls from now
     // on reaches this subscriber, and whatever it polled before, the reads
     // below see (see README, "The event stream", for the argument).
@@ -106,13 +82,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
     reply.sse.keepAlive()
     reply.sse.sendHeaders()
     subscriber.write(`retry: ${SSE_RETRY_MS}\n\n`)
-    try {
-      await catchUp(subscriber, firstPage)
-    } catch (err) {
-      // Mid-stream the status is sent: end it, and the client resumes from its last id.
-      request.log.warn({ err }, 'event stream catch-up failed; ending the stream')
-      subscriber.end()
-    }
+    await subscriber.catchUp(firstPage)
   })
 
   app.get('/events', {

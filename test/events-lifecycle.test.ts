@@ -1,0 +1,217 @@
+import { sql } from 'kysely'
+import { request as httpRequest } from 'node:http'
+import { connect } from 'node:net'
+import type { FastifyInstance } from 'fastify'
+import t, { type Test } from 'tap'
+import type { Config } from '../config.js'
+import { build } from './helpers/app.js'
+import { assertSchema } from './helpers/contract.js'
+import { insertGraph, json, makeRun, makeThread, writer } from './helpers/fixtures.js'
+import { insertEvents, openStream } from './helpers/sse.js'
+
+// Streams end, and are freed, whatever the client does; plus the JSON page
+// and the X-Event-Cursor of reads.
+
+async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: FastifyInstance, url: string, port: number }> {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, ...overrides })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  return { app, url: `http://127.0.0.1:${port}`, port }
+}
+
+const until = async (condition: () => boolean, timeoutMs = 5000) => {
+  const deadline = Date.now() + timeoutMs
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error('condition not met in time')
+    await new Promise((resolve) => setTimeout(resolve, 10))
+  }
+}
+
+t.before(() => insertGraph({
+  runs: [makeRun({ run_id: 'run-l' })],
+  threads: [makeThread({ run_id: 'run-l', task_id: 'task-l', thread_id: 'thread-l' })]
+}))
+
+t.test('a client that disconnects is freed at once', async (t) => {
+  const { app, url } = await serve(t)
+  const streams = await Promise.all([
+    openStream(url, '/api/events/stream'),
+    openStream(url, '/api/events/stream?run_id=run-l'),
+    openStream(url, '/api/events/stream?thread_id=thread-l'),
+    openStream(url, '/api/events/stream?after_event_id=0')
+  ])
+  await until(() => app.events.size === 4)
+  for (const stream of streams) stream.close()
+  await until(() => app.events.size === 0, 2000)
+  t.equal(app.events.size, 0, 'no subscriber left registered')
+  await insertEvents({ run_id: 'run-l' })
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  t.equal(app.events.size, 0, 'and fan-out to nobody is harmless')
+})
+
+t.test('a client that does not read is cut off at the bound, then disconnected; readers are unaffected', async (t) => {
+  const { app, port } = await serve(t, { SSE_MAX_BUFFERED_BYTES: 64 * 1024, SSE_SLOW_CLIENT_TIMEOUT_MS: 500 })
+  const [base] = await insertEvents({ event_type: 'base' })
+  const reader = await openStream(`http://127.0.0.1:${port}`, `/api/events/stream?run_id=run-slow&after_event_id=${base}`)
+  t.teardown(reader.close)
+  // A raw socket that sends its request and never reads a byte.
+  const stalled = connect({ port, host: '127.0.0.1' })
+  stalled.on('error', () => {})
+  stalled.pause()
+  stalled.write('GET /api/events/stream?run_id=run-slow HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n')
+  await until(() => app.events.size === 2)
+  let closed = false
+  stalled.on('close', () => { closed = true })
+  const big = json({ blob: 'x'.repeat(100_000) })
+  const written: number[] = []
+  for (let batch = 0; batch < 30 && app.events.size === 2; batch++) {
+    written.push(...await insertEvents(...Array.from({ length: 10 }, () => ({ run_id: 'run-slow', payload: big }))))
+    await new Promise((resolve) => setTimeout(resolve, 50))
+  }
+  await until(() => app.events.size === 1, 5000)
+  t.equal(app.events.size, 1, 'the stalled subscriber was disconnected and freed')
+  stalled.resume() // let the socket see its end
+  await until(() => closed, 5000)
+  t.ok(closed, 'its connection was closed')
+  written.push(...await insertEvents({ run_id: 'run-slow' }))
+  await reader.waitFor((s) => s.events().length >= written.length, 15_000)
+  t.same(reader.events().map((event) => event.event_id), written, `the reading client got all ${written.length} events (${written.length * 100} kB), once each, in order`)
+  stalled.destroy()
+})
+
+t.test('shutdown ends every open stream cleanly', async (t) => {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20 })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  const streams = await Promise.all([
+    openStream(`http://127.0.0.1:${port}`, '/api/events/stream'),
+    openStream(`http://127.0.0.1:${port}`, '/api/events/stream?run_id=run-l&after_event_id=0')
+  ])
+  await until(() => app.events.size === 2)
+  const started = Date.now()
+  await app.close()
+  await Promise.all(streams.map((stream) => stream.ended))
+  t.ok(Date.now() - started < 3000, 'close did not wait on the streams')
+  t.equal(app.events.size, 0)
+})
+
+t.test('a database outage at connect answers 503 before any byte of stream', async (t) => {
+  const app = await build(t, { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/none', DB_CONNECT_TIMEOUT_MS: 300 })
+  for (const url of ['/api/events/stream', '/api/events/stream?after_event_id=0', '/api/events']) {
+    const res = await app.inject(url)
+    t.equal(res.statusCode, 503, url)
+    t.equal(res.json().error.code, 'unavailable')
+  }
+  t.equal(app.events.size, 0)
+})
+
+t.test('a read failing after the hub is up still answers 503, and registers nothing', async (t) => {
+  const { app, url } = await serve(t, { DB_STATEMENT_TIMEOUT_MS: 100 })
+  await app.events.ready()
+  const db = await writer()
+  let release!: () => void
+  const released = new Promise<void>((resolve) => { release = resolve })
+  let locked!: () => void
+  const isLocked = new Promise<void>((resolve) => { locked = resolve })
+  const holder = db.transaction().execute(async (trx) => {
+    await sql`lock table events in access exclusive mode`.execute(trx)
+    locked()
+    await released
+  })
+  await isLocked
+  try {
+    for (const path of ['/api/events/stream', '/api/events/stream?after_event_id=0']) {
+      const stream = await openStream(url, path)
+      t.equal(stream.status, 503, path)
+      await stream.ended
+      t.equal(JSON.parse(stream.body).error.code, 'unavailable')
+    }
+    t.equal(app.events.size, 0)
+  } finally {
+    release()
+    await holder
+  }
+})
+
+t.test('a client gone before its stream started is never registered', async (t) => {
+  const { app, url } = await serve(t)
+  await app.events.ready()
+  const db = await writer()
+  let release!: () => void
+  const released = new Promise<void>((resolve) => { release = resolve })
+  let locked!: () => void
+  const isLocked = new Promise<void>((resolve) => { locked = resolve })
+  const holder = db.transaction().execute(async (trx) => {
+    await sql`lock table events in access exclusive mode`.execute(trx)
+    locked()
+    await released
+  })
+  await isLocked
+  // The request waits on the lock; the client gives up meanwhile.
+  const gaveUp = new Promise<void>((resolve) => {
+    const req = httpRequest(`${url}/api/events/stream?run_id=impatient`)
+    req.on('error', () => resolve())
+    req.end()
+    setTimeout(() => req.destroy(), 200)
+  })
+  await gaveUp
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  release()
+  await holder
+  await new Promise((resolve) => setTimeout(resolve, 200))
+  t.equal(app.events.size, 0, 'nothing left registered')
+})
+
+t.test('GET /api/events: a page of events, filters, limit, and where to resume', async (t) => {
+  const { app } = await serve(t)
+  const [base] = await insertEvents({ event_type: 'base' })
+  const written = await insertEvents(
+    { run_id: 'page-run', thread_id: 'page-thread', payload: json([1, 2]) },
+    { run_id: 'page-run' },
+    { run_id: 'other' }
+  )
+  const all = await app.inject(`/api/events?after_event_id=${base}`)
+  t.equal(all.statusCode, 200)
+  assertSchema(t, 'EventList', all.json())
+  t.same(all.json().events.map((event: { event_id: number }) => event.event_id), written)
+  t.equal(all.headers['x-event-cursor'], String(written[2]), 'not a full page: resume from the end')
+  t.same(all.json().events[0].payload, [1, 2])
+
+  const page = await app.inject(`/api/events?after_event_id=${base}&run_id=page-run&limit=1`)
+  t.same(page.json().events.map((event: { event_id: number }) => event.event_id), [written[0]])
+  t.equal(page.headers['x-event-cursor'], String(written[0]), 'a full page: resume after its last event')
+  const next = await app.inject(`/api/events?after_event_id=${page.headers['x-event-cursor']}&run_id=page-run&limit=1`)
+  t.same(next.json().events.map((event: { event_id: number }) => event.event_id), [written[1]])
+  const end = await app.inject(`/api/events?after_event_id=${written[1]}&run_id=page-run`)
+  t.same(end.json(), { events: [] })
+  t.equal(end.headers['x-event-cursor'], String(written[2]), 'a filtered client skips to the end of the log')
+
+  const thread = await app.inject(`/api/events?after_event_id=${base}&thread_id=page-thread`)
+  t.equal(thread.json().events.length, 1)
+  const first = await app.inject('/api/events?limit=1')
+  t.equal(first.json().events[0].event_id, 1, 'without after_event_id: from the first event')
+
+  const ahead = await app.inject('/api/events?after_event_id=999999999')
+  t.equal(ahead.headers['x-event-cursor'], '999999999', 'a cursor beyond the end is kept')
+  for (const query of ['limit=0', 'limit=1001', 'after_event_id=-1', 'after_event_id=x', 'run_id=%00']) {
+    const res = await app.inject(`/api/events?${query}`)
+    t.equal(res.statusCode, 400, query)
+    t.equal(res.json().error.code, 'bad_request')
+  }
+})
+
+t.test('reads carry X-Event-Cursor: subscribe from it and miss nothing', async (t) => {
+  const { app, url } = await serve(t)
+  const [latest] = await insertEvents({ run_id: 'run-l', summary: 'before the read' })
+  for (const path of ['/api/runs', '/api/runs/run-l', '/api/runs/run-l/tasks', '/api/runs/run-l/blocked', '/api/threads/thread-l']) {
+    const res = await app.inject(path)
+    t.equal(res.headers['x-event-cursor'], String(latest), path)
+  }
+  const read = await app.inject('/api/runs/run-l')
+  const [between] = await insertEvents({ run_id: 'run-l', summary: 'between fetch and subscribe' })
+  const stream = await openStream(url, `/api/events/stream?run_id=run-l&after_event_id=${read.headers['x-event-cursor']}`)
+  t.teardown(stream.close)
+  await stream.waitFor((s) => s.events().length === 1)
+  t.same(stream.events().map((event) => event.event_id), [between])
+  t.notOk((await app.inject('/health')).headers['x-event-cursor'], 'not on /health')
+})

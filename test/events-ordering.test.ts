@@ -1,0 +1,153 @@
+import { sql } from 'kysely'
+import pg from 'pg'
+import t from 'tap'
+import { build } from './helpers/app.js'
+import { testDatabaseUrl } from './helpers/database.js'
+import { insertEvents, openStream } from './helpers/sse.js'
+
+// Event ids commit in order (migration 0002): the stream can never skip an
+// event whose transaction drew its id early and committed late.
+
+const WRITERS = 48
+const ROUNDS = 3
+
+async function client () {
+  const connection = new pg.Client({ connectionString: await testDatabaseUrl() })
+  await connection.connect()
+  return connection
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+t.test('a second event writer waits for the first to commit, so ids commit in order', async (t) => {
+  for (const isolation of ['read committed', 'repeatable read']) {
+    const first = await client()
+    const second = await client()
+    await first.query(`begin isolation level ${isolation}`)
+    const early = await first.query(`insert into events (event_type) values ('early') returning event_id`)
+    await second.query(`begin isolation level ${isolation}`)
+    let secondDone = false
+    const late = second.query(`insert into events (event_type) values ('late') returning event_id`)
+      .then((result) => { secondDone = true; return result })
+    await sleep(200)
+    t.notOk(secondDone, `${isolation}: the second insert waits while the first transaction is open`)
+    await first.query('commit')
+    const lateId = Number((await late).rows[0].event_id)
+    await second.query('commit')
+    t.ok(lateId > Number(early.rows[0].event_id), `${isolation}: the later commit has the higher id`)
+    await first.end()
+    await second.end()
+  }
+})
+
+t.test('control: without the trigger, a naive event_id > cursor reader skips a late commit', async (t) => {
+  const admin = await client()
+  await admin.query('alter table events disable trigger events_assign_ordered_id')
+  try {
+    const first = await client()
+    const second = await client()
+    await first.query('begin')
+    const early = Number((await first.query(`insert into events (event_type) values ('early') returning event_id`)).rows[0].event_id)
+    const late = Number((await second.query(`insert into events (event_type) values ('late') returning event_id`)).rows[0].event_id)
+    // A reader polls now: it sees `late`, and moves its cursor past `early`.
+    const cursor = Number((await admin.query('select max(event_id) as id from events')).rows[0].id)
+    t.equal(cursor, late)
+    await first.query('commit')
+    const missed = await admin.query('select event_id from events where event_id > $1', [cursor])
+    t.same(missed.rows, [], 'the next poll after the cursor finds nothing...')
+    t.ok(early < cursor, '...though `early` committed after the reader passed it: lost forever')
+    await first.end()
+    await second.end()
+  } finally {
+    await admin.query('alter table events enable trigger events_assign_ordered_id')
+    await admin.end()
+  }
+})
+
+t.test('an explicit id above the log is kept, and later defaults stay above it', async (t) => {
+  const db = await client()
+  const top = Number((await db.query('select coalesce(max(event_id), 0) as id from events')).rows[0].id)
+  const explicit = top + 1000
+  const kept = await db.query('insert into events (event_id, event_type) values ($1, $2) returning event_id', [explicit, 'fixture'])
+  t.equal(Number(kept.rows[0].event_id), explicit)
+  const next = await db.query(`insert into events (event_type) values ('after') returning event_id`)
+  t.ok(Number(next.rows[0].event_id) > explicit)
+  const low = await db.query('insert into events (event_id, event_type) values ($1, $2) returning event_id', [top + 1, 'too-low'])
+  t.ok(Number(low.rows[0].event_id) > explicit, 'an explicit id below the committed maximum is replaced, never out of order')
+  await db.end()
+})
+
+t.test('concurrent writers committing in random order: every subscriber gets every committed event once, ascending', async (t) => {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 10 })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  const url = `http://127.0.0.1:${port}`
+  const [base] = await insertEvents({ event_type: 'base' })
+
+  const runs = ['ord-a', 'ord-b', 'ord-c']
+  const streams = {
+    all: await openStream(url, `/api/events/stream?after_event_id=${base}`),
+    allTail: await openStream(url, '/api/events/stream'),
+    runA: await openStream(url, `/api/events/stream?after_event_id=${base}&run_id=ord-a`),
+    threadB: await openStream(url, `/api/events/stream?after_event_id=${base}&thread_id=thread-ord-b`),
+    runCThreadC: await openStream(url, `/api/events/stream?after_event_id=${base}&run_id=ord-c&thread_id=thread-ord-c`)
+  }
+  for (const stream of Object.values(streams)) t.teardown(stream.close)
+  await streams.allTail.waitFor((s) => s.frames.length >= 1)
+
+  const committed: Array<{ id: number, run: string }> = []
+  let rolledBack = 0
+  const pool = new pg.Pool({ connectionString: await testDatabaseUrl(), max: WRITERS })
+  t.teardown(() => pool.end())
+  for (let round = 0; round < ROUNDS; round++) {
+    await Promise.all(Array.from({ length: WRITERS }, async (_, writer) => {
+      const connection = await pool.connect()
+      try {
+        await connection.query('begin')
+        // Work before the event, sleeping at random: the order in which
+        // transactions reach the insert, and commit, is scrambled.
+        await connection.query('select pg_sleep($1)', [Math.random() * 0.02])
+        const run = runs[(writer + round) % runs.length]!
+        const inserted = await connection.query(
+          'insert into events (event_type, run_id, thread_id, payload) values ($1, $2, $3, $4) returning event_id',
+          ['task_running', run, `thread-${run}`, JSON.stringify({ writer, round })]
+        )
+        await connection.query('select pg_sleep($1)', [Math.random() * 0.02])
+        if (writer % 7 === 3) {
+          await connection.query('rollback')
+          rolledBack++
+        } else {
+          await connection.query('commit')
+          committed.push({ id: Number(inserted.rows[0].event_id), run })
+        }
+      } finally {
+        connection.release()
+      }
+    }))
+  }
+
+  const expected = {
+    all: committed.map((event) => event.id).sort((a, b) => a - b),
+    runA: committed.filter((event) => event.run === 'ord-a').map((event) => event.id).sort((a, b) => a - b),
+    threadB: committed.filter((event) => event.run === 'ord-b').map((event) => event.id).sort((a, b) => a - b),
+    runCThreadC: committed.filter((event) => event.run === 'ord-c').map((event) => event.id).sort((a, b) => a - b)
+  }
+  const check = async (name: string, stream: Awaited<ReturnType<typeof openStream>>, want: number[]) => {
+    await stream.waitFor((s) => s.events().length >= want.length, 10_000)
+    t.same(stream.events().map((event) => event.event_id), want, `${name}: ${want.length} events, each once, ascending`)
+  }
+  await check('unfiltered', streams.all, expected.all)
+  await check('unfiltered, from the tail', streams.allTail, expected.all)
+  await check('run filter', streams.runA, expected.runA)
+  await check('thread filter', streams.threadB, expected.threadB)
+  await check('run and thread', streams.runCThreadC, expected.runCThreadC)
+  t.ok(rolledBack > 0, `${rolledBack} transactions rolled back, their events never seen`)
+
+  // The same holds for a late subscriber catching up from the table.
+  const late = await openStream(url, `/api/events/stream?after_event_id=${base}`)
+  t.teardown(late.close)
+  await check('late catch-up', late, expected.all)
+
+  const gaps = await sql<{ n: number }>`select count(*)::int as n from events where event_id > ${base}`.execute(app.db)
+  t.equal(gaps.rows[0]?.n, expected.all.length, 'the table holds exactly the committed events')
+})

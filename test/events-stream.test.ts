@@ -1,0 +1,187 @@
+import { EventSource } from 'eventsource'
+import type { FastifyInstance } from 'fastify'
+import t, { type Test } from 'tap'
+import type { Config } from '../config.js'
+import { build } from './helpers/app.js'
+import { assertSchema } from './helpers/contract.js'
+import { insertGraph, json, makeRun } from './helpers/fixtures.js'
+import { insertEvents, openStream } from './helpers/sse.js'
+
+// GET /api/events/stream: wire format, filters, order, resume, tail, errors.
+
+async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: FastifyInstance, url: string }> {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, ...overrides })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  return { app, url: `http://127.0.0.1:${port}` }
+}
+
+const ids = (events: Array<{ event_id: number }>) => events.map((event) => event.event_id)
+
+t.before(() => insertGraph({ runs: [makeRun({ run_id: 'run-s' })] }))
+
+t.test('wire format: headers, retry, id and one-line data per event, every envelope field', async (t) => {
+  const { url } = await serve(t)
+  const [first] = await insertEvents({
+    event_type: 'task_blocked', run_id: 'run-s', task_id: 'task-1', thread_id: 'thread-1', summary: 'Blocked on a question',
+    payload: json({ question: 'Which database?', nested: [1, null, 'two\nlines'] })
+  })
+  const stream = await openStream(url, `/api/events/stream?after_event_id=${first! - 1}`)
+  t.teardown(stream.close)
+  t.equal(stream.status, 200)
+  t.equal(stream.headers['content-type'], 'text/event-stream')
+  t.equal(stream.headers['cache-control'], 'no-cache')
+  t.equal(stream.headers['x-accel-buffering'], 'no')
+  t.notOk(stream.headers['content-encoding'], 'never compressed')
+  await stream.waitFor((s) => s.events().length === 1)
+  t.same(stream.frames[0], { retry: '2000', comments: [] }, 'retry: once, first')
+  const frame = stream.frames[1]!
+  t.equal(frame.id, String(first), 'id: is the event_id')
+  t.notOk('event' in frame, 'no event: field, so onmessage sees every event')
+  const [event] = stream.events()
+  assertSchema(t, 'Event', event)
+  t.same(event, {
+    event_id: first, event_type: 'task_blocked', run_id: 'run-s', task_id: 'task-1', thread_id: 'thread-1',
+    summary: 'Blocked on a question', payload: { question: 'Which database?', nested: [1, null, 'two\nlines'] },
+    created_at: event!.created_at
+  })
+  t.match(event!.created_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/)
+})
+
+t.test('an event with empty fields still carries all eight, payload at least {}', async (t) => {
+  const { url } = await serve(t)
+  const [id] = await insertEvents({ event_type: 'council_tallied' })
+  const stream = await openStream(url, `/api/events/stream?after_event_id=${id! - 1}`)
+  t.teardown(stream.close)
+  await stream.waitFor((s) => s.events().length === 1)
+  t.same(stream.events()[0], {
+    event_id: id, event_type: 'council_tallied', run_id: '', task_id: '', thread_id: '', summary: '', payload: {},
+    created_at: stream.events()[0]!.created_at
+  })
+})
+
+t.test('filters: by run, by thread, by both; ascending order; replay from 0', async (t) => {
+  const { url } = await serve(t)
+  const base = (await insertEvents({ event_type: 'marker' }))[0]!
+  const streams = {
+    all: await openStream(url, `/api/events/stream?after_event_id=${base}`),
+    run: await openStream(url, `/api/events/stream?after_event_id=${base}&run_id=f-run`),
+    thread: await openStream(url, `/api/events/stream?after_event_id=${base}&thread_id=f-thread`),
+    both: await openStream(url, `/api/events/stream?after_event_id=${base}&run_id=f-run&thread_id=f-thread`)
+  }
+  for (const stream of Object.values(streams)) t.teardown(stream.close)
+  const written = await insertEvents(
+    { run_id: 'f-run' },
+    { run_id: 'f-run', thread_id: 'f-thread' },
+    { run_id: 'other', thread_id: 'f-thread' },
+    { run_id: 'other' },
+    { run_id: 'f-run', thread_id: 'other-thread' }
+  )
+  const [a, b, c, , e] = written as [number, number, number, number, number]
+  await streams.all.waitFor((s) => s.events().length === 5)
+  await streams.run.waitFor((s) => s.events().length === 3)
+  await streams.thread.waitFor((s) => s.events().length === 2)
+  await streams.both.waitFor((s) => s.events().length === 1)
+  t.same(ids(streams.all.events()), written, 'unfiltered: everything, ascending')
+  t.same(ids(streams.run.events()), [a, b, e])
+  t.same(ids(streams.thread.events()), [b, c])
+  t.same(ids(streams.both.events()), [b], 'both filters: AND')
+
+  const replay = await openStream(url, '/api/events/stream?after_event_id=0')
+  t.teardown(replay.close)
+  await replay.waitFor((s) => s.events().some((event) => event.event_id === e))
+  const replayed = ids(replay.events())
+  t.equal(replayed[0], 1, 'after_event_id=0 starts at the first event')
+  t.same(replayed, [...replayed].sort((x, y) => x - y), 'ascending')
+  t.equal(new Set(replayed).size, replayed.length, 'no repeats')
+})
+
+t.test('tail by default: only events committed after the connection opened', async (t) => {
+  const { url } = await serve(t)
+  await insertEvents({ summary: 'before' })
+  const stream = await openStream(url, '/api/events/stream')
+  t.teardown(stream.close)
+  await stream.waitFor((s) => s.frames.length >= 1) // retry: sent once subscribed
+  const [after] = await insertEvents({ summary: 'after' })
+  await stream.waitFor((s) => s.events().length === 1)
+  t.same(ids(stream.events()), [after])
+})
+
+t.test('resume: after_event_id, Last-Event-ID, and the header wins', async (t) => {
+  const { url } = await serve(t)
+  const [one, two, three] = await insertEvents({ summary: '1' }, { summary: '2' }, { summary: '3' }) as [number, number, number]
+  const byQuery = await openStream(url, `/api/events/stream?after_event_id=${one}`)
+  const byHeader = await openStream(url, '/api/events/stream', { 'last-event-id': String(two) })
+  const both = await openStream(url, `/api/events/stream?after_event_id=${one - 1}`, { 'last-event-id': String(two) })
+  const emptyHeader = await openStream(url, `/api/events/stream?after_event_id=${two}`, { 'last-event-id': ' ' })
+  for (const stream of [byQuery, byHeader, both, emptyHeader]) t.teardown(stream.close)
+  await byQuery.waitFor((s) => s.events().length === 2)
+  t.same(ids(byQuery.events()), [two, three])
+  await byHeader.waitFor((s) => s.events().length === 1)
+  t.same(ids(byHeader.events()), [three])
+  await both.waitFor((s) => s.events().length === 1)
+  t.same(ids(both.events()), [three], 'Last-Event-ID wins over a stale after_event_id')
+  await emptyHeader.waitFor((s) => s.events().length === 1)
+  t.same(ids(emptyHeader.events()), [three], 'an empty header is no header')
+})
+
+t.test('malformed cursors answer 400 with the envelope', async (t) => {
+  const { app, url } = await serve(t)
+  for (const value of ['abc', '-1', '1.5', '1e3', '', ' 1', '99999999999999999', '0x10', '%00']) {
+    const res = await app.inject(`/api/events/stream?after_event_id=${value}`)
+    t.equal(res.statusCode, 400, `after_event_id=${value}`)
+    t.equal(res.json().error.code, 'bad_request')
+    t.match(res.headers['content-type'], /^application\/json/)
+  }
+  for (const value of ['abc', '-1', '12345678901234567', '7 8']) {
+    const stream = await openStream(url, '/api/events/stream', { 'last-event-id': value })
+    t.equal(stream.status, 400, `Last-Event-ID: ${value}`)
+    await stream.ended
+    t.same(JSON.parse(stream.body), { error: { code: 'bad_request', message: 'Last-Event-ID must be a non-negative integer event_id' } })
+  }
+  const filter = await app.inject('/api/events/stream?run_id=%00')
+  t.equal(filter.statusCode, 400)
+  const repeated = await app.inject('/api/events/stream?after_event_id=1&after_event_id=2')
+  t.equal(repeated.statusCode, 400)
+})
+
+t.test('quiet streams get keep-alive comments, and a filtered one id-only blocks', async (t) => {
+  const { url } = await serve(t, { SSE_KEEPALIVE_MS: 150 })
+  const stream = await openStream(url, '/api/events/stream?run_id=nobody-writes-this')
+  t.teardown(stream.close)
+  await stream.waitFor((s) => s.frames.some((frame) => frame.comments.includes('keep-alive')))
+  const [other] = await insertEvents({ run_id: 'someone-else' })
+  await stream.waitFor((s) => s.frames.some((frame) => frame.id === String(other) && frame.data === undefined), 3000)
+  t.same(stream.events(), [], 'no event of another run was sent')
+  const block = stream.frames.find((frame) => frame.id === String(other))!
+  t.same(block, { id: String(other), comments: [] }, 'an id-only block: id, no data')
+})
+
+t.test('a real EventSource reconnects with Last-Event-ID and misses nothing', async (t) => {
+  const { app, url } = await serve(t, { SSE_RETRY_MS: 100 })
+  const [start] = await insertEvents({ run_id: 'es-run', summary: 'first' })
+  const received: number[] = []
+  let opens = 0
+  let arrived: () => void = () => {}
+  let expected = 1
+  const source = new EventSource(`${url}/api/events/stream?run_id=es-run&after_event_id=${start! - 1}`)
+  t.teardown(() => source.close())
+  source.onopen = () => { opens++ }
+  source.onmessage = (message) => {
+    received.push(JSON.parse(message.data).event_id)
+    if (received.length === expected) arrived()
+  }
+  const arrival = (count: number) => new Promise<void>((resolve) => { expected = count; arrived = resolve })
+
+  await arrival(1)
+  t.equal(app.events.size, 1)
+  // Every stream is dropped, as when a replica restarts; events are written
+  // while the client is away, and it must catch up on them when it returns.
+  const rest = arrival(3)
+  app.events.endAll()
+  const written = await insertEvents({ run_id: 'es-run', summary: 'second' }, { run_id: 'es-run', summary: 'third' })
+  await rest
+  t.same(received, [start, ...written], 'every event once, in order, across the reconnect')
+  t.equal(opens, 2, 'it reconnected once')
+  t.equal(app.events.size, 1, 'the dropped subscriber was freed, the new one registered')
+})

@@ -1,0 +1,158 @@
+import type { ServerResponse } from 'node:http'
+import t from 'tap'
+import type { EventFilter, StoredEvent } from '../db/events.js'
+import { Subscriber, type SubscriberOptions } from '../plugins/events/subscriber.js'
+
+// The subscriber's hand-off rules, in isolation (the HTTP tests cover the wiring).
+
+class FakeResponse {
+  written: string[] = []
+  writableLength = 0
+  writableEnded = false
+  destroyed = false
+  listeners = new Map<string, Set<() => void>>()
+  write (text: string) { this.written.push(text); return true }
+  end () { this.writableEnded = true; this.emit('close') }
+  destroy () { this.destroyed = true; this.emit('close') }
+  on (name: string, listener: () => void) { (this.listeners.get(name) ?? this.listeners.set(name, new Set()).get(name)!).add(listener) }
+  off (name: string, listener: () => void) { this.listeners.get(name)?.delete(listener) }
+  emit (name: string) { for (const listener of [...this.listeners.get(name) ?? []]) listener() }
+}
+
+const event = (id: number, fields: Partial<StoredEvent> = {}): StoredEvent => ({ id, runId: 'r', threadId: '', json: `{"event_id":${id}}`, ...fields })
+const ids = (response: FakeResponse) => response.written.flatMap((text) => [...text.matchAll(/^id: (\d+)$/gm)].map((match) => Number(match[1])))
+
+function subscriber (options: Partial<SubscriberOptions> & { table?: StoredEvent[] } = {}, startId = 0, filter: EventFilter = {}) {
+  const response = new FakeResponse()
+  const drops: string[] = []
+  const table = options.table ?? []
+  const instance = new Subscriber(response as unknown as ServerResponse, filter, startId, {
+    readAfter: async (afterId) => table.filter((row) => row.id > afterId).slice(0, 2),
+    pageSize: 2,
+    maxBufferedBytes: 1000,
+    slowClientMs: 50,
+    onDrop: (_subscriber, reason) => { drops.push(reason) },
+    ...options
+  })
+  return { instance, response, drops }
+}
+
+t.test('catch-up pages through the table, then flushes what arrived meanwhile, without repeats', async (t) => {
+  const table = [event(1), event(2), event(3), event(4), event(5)]
+  const { instance, response } = subscriber({ table })
+  instance.offer(event(4)) // arrives live while catching up: already in the table too
+  instance.offer(event(6))
+  t.notOk(instance.isLive)
+  await instance.catchUp()
+  t.ok(instance.isLive)
+  instance.offer(event(6)) // a repeat of an event already sent
+  instance.offer(event(7))
+  t.same(ids(response), [1, 2, 3, 4, 5, 6, 7])
+})
+
+t.test('live events overflowing the buffer during catch-up are re-read from the table', async (t) => {
+  const table = [event(1), event(2), event(3, { json: 'x'.repeat(600) }), event(4, { json: 'y'.repeat(600) })]
+  let reads = 0
+  const { instance, response } = subscriber({
+    table,
+    readAfter: async (afterId) => {
+      reads++
+      if (reads === 1) { instance.offer(table[2]!); instance.offer(table[3]!) } // 1200 bytes > 1000: overflow
+      return table.filter((row) => row.id > afterId).slice(0, 2)
+    }
+  })
+  await instance.catchUp()
+  t.same(ids(response), [1, 2, 3, 4])
+  t.ok(reads >= 3, 'another pass after the overflow')
+})
+
+t.test('a failed read ends the stream and says why', async (t) => {
+  const { instance, response, drops } = subscriber({ readAfter: async () => { throw new Error('database away') } })
+  await instance.catchUp([event(1), event(2)])
+  t.same(drops, ['reading the events failed'])
+  t.ok(response.writableEnded)
+  t.ok(instance.closed)
+})
+
+t.test('a live client over the bound falls behind, then catches up from the table when it drains', async (t) => {
+  const table = [event(1), event(2), event(3)]
+  const { instance, response } = subscriber({ table })
+  await instance.catchUp()
+  response.writableLength = 5000
+  instance.offer(event(4))
+  t.notOk(instance.isLive, 'no longer live: nothing more is written')
+  table.push(event(4), event(5))
+  response.writableLength = 0
+  response.emit('drain')
+  await new Promise((resolve) => setTimeout(resolve, 10))
+  t.ok(instance.isLive)
+  t.same(ids(response), [1, 2, 3, 4, 5])
+})
+
+t.test('a client that does not drain in time is disconnected', async (t) => {
+  const { instance, response, drops } = subscriber()
+  await instance.catchUp()
+  response.writableLength = 5000
+  instance.offer(event(1))
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  t.ok(response.destroyed)
+  t.same(drops, ['the client is not reading'])
+})
+
+t.test('a catch-up blocked on a client that never drains is cut off too', async (t) => {
+  const table = [event(1), event(2)]
+  const { instance, response, drops } = subscriber({ table })
+  response.write = (text: string) => { response.written.push(text); return false }
+  await instance.catchUp()
+  t.ok(response.destroyed)
+  t.same(drops, ['the client is not reading'])
+  t.same(ids(response), [1], 'it stopped writing at the first full buffer')
+})
+
+t.test('a client gone while waiting for drain is not reported', async (t) => {
+  const { instance, response, drops } = subscriber({ table: [event(1), event(2)] })
+  response.write = (text: string) => { response.written.push(text); return false }
+  const pending = instance.catchUp()
+  response.destroy()
+  await pending
+  t.same(drops, [])
+})
+
+t.test('a stream closed while over the bound is not waited on, nor reported', async (t) => {
+  const { instance, response, drops } = subscriber({ slowClientMs: 60_000 })
+  await instance.catchUp()
+  response.writableLength = 5000
+  response.destroy()
+  const started = Date.now()
+  instance.offer(event(1))
+  await new Promise((resolve) => setTimeout(resolve, 20))
+  t.same(drops, [])
+  t.ok(Date.now() - started < 1000)
+})
+
+t.test('heartbeats: keep-alive when quiet, an id-only block when the head moved', async (t) => {
+  const { instance, response } = subscriber({}, 0, { runId: 'r' })
+  await instance.catchUp()
+  const now = Date.now()
+  instance.heartbeat(now, 0, 1000)
+  t.same(response.written, [], 'not before the interval')
+  instance.heartbeat(now + 1000, 0, 1000)
+  t.same(response.written, [': keep-alive\n\n'])
+  instance.heartbeat(now + 3000, 42, 1000)
+  t.same(response.written[1], 'id: 42\n\n: keep-alive\n\n')
+  t.equal(instance.lastId, 42)
+  instance.offer(event(40))
+  t.equal(response.written.length, 2, 'an event below the cursor is never sent')
+  response.end()
+  instance.heartbeat(now + 9000, 50, 1000)
+  t.equal(response.written.length, 2, 'nothing is written to a closed stream')
+  instance.end()
+})
+
+t.test('filters', async (t) => {
+  const { instance } = subscriber({}, 0, { runId: 'r', threadId: 'th' })
+  t.ok(instance.matches(event(1, { runId: 'r', threadId: 'th' })))
+  t.notOk(instance.matches(event(1, { runId: 'r', threadId: 'other' })))
+  t.notOk(instance.matches(event(1, { runId: 'x', threadId: 'th' })))
+  t.ok(subscriber().instance.matches(event(1)))
+})
