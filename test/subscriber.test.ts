@@ -113,6 +113,8 @@ t.test('a client gone while waiting for drain is not reported', async (t) => {
   const { instance, response, drops } = subscriber({ table: [event(1), event(2)] })
   response.write = (text: string) => { response.written.push(text); return false }
   const pending = instance.catchUp()
+  await new Promise((resolve) => setTimeout(resolve, 5)) // now waiting for 'drain'
+  t.equal(response.written.length, 1)
   response.destroy()
   await pending
   t.same(drops, [])
