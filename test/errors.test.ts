@@ -1,10 +1,9 @@
-import { sql } from 'kysely'
 import t from 'tap'
 import { buildApp } from '../app.js'
 import { ApiError, isDatabaseUnavailable, toApiError } from '../errors.js'
 import { build, testConfig } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
-import { insertGraph, makeRun, writer } from './helpers/fixtures.js'
+import { insertGraph, lockTable, makeRun } from './helpers/fixtures.js'
 
 // Database faults are 503 `unavailable`, the unforeseen is a bare 500 `internal`.
 
@@ -25,25 +24,14 @@ t.test('an unreachable database answers 503 unavailable, quickly; /health stays 
 
 t.test('a statement past the timeout is cancelled and answers 503', async (t) => {
   const app = await build(t, { DB_STATEMENT_TIMEOUT_MS: 100 })
-  const db = await writer()
   // Hold an exclusive lock so the read has to wait past its timeout.
-  let release!: () => void
-  const released = new Promise<void>((resolve) => { release = resolve })
-  let locked!: () => void
-  const isLocked = new Promise<void>((resolve) => { locked = resolve })
-  const holder = db.transaction().execute(async (trx) => {
-    await sql`lock table runs in access exclusive mode`.execute(trx)
-    locked()
-    await released
-  })
-  await isLocked
+  const release = await lockTable('runs')
   try {
     const res = await app.inject('/api/runs/run-e')
     t.equal(res.statusCode, 503)
     t.equal(res.json().error.code, 'unavailable')
   } finally {
-    release()
-    await holder
+    await release()
   }
   t.equal((await app.inject('/api/runs/run-e')).statusCode, 200, 'and serves again once the lock is gone')
 })

@@ -1,4 +1,3 @@
-import { sql } from 'kysely'
 import { request as httpRequest } from 'node:http'
 import { connect } from 'node:net'
 import type { FastifyInstance } from 'fastify'
@@ -6,7 +5,7 @@ import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
 import { build } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
-import { insertGraph, json, makeRun, makeThread, writer } from './helpers/fixtures.js'
+import { insertGraph, json, lockTable, makeRun, makeThread } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
 
 // Streams end, and are freed, whatever the client does; plus the JSON page
@@ -96,7 +95,8 @@ t.test('shutdown ends every open stream cleanly', async (t) => {
 })
 
 t.test('a database outage at connect answers 503 before any byte of stream', async (t) => {
-  const app = await build(t, { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/none', DB_CONNECT_TIMEOUT_MS: 300 })
+  const app = await build(t, { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/none', DB_CONNECT_TIMEOUT_MS: 300, EVENTS_POLL_INTERVAL_MS: 10 })
+  await new Promise((resolve) => setTimeout(resolve, 100)) // the poller has failed a few times meanwhile, harmlessly
   for (const url of ['/api/events/stream', '/api/events/stream?after_event_id=0', '/api/events']) {
     const res = await app.inject(url)
     t.equal(res.statusCode, 503, url)
@@ -108,17 +108,7 @@ t.test('a database outage at connect answers 503 before any byte of stream', asy
 t.test('a read failing after the hub is up still answers 503, and registers nothing', async (t) => {
   const { app, url } = await serve(t, { DB_STATEMENT_TIMEOUT_MS: 100 })
   await app.events.ready()
-  const db = await writer()
-  let release!: () => void
-  const released = new Promise<void>((resolve) => { release = resolve })
-  let locked!: () => void
-  const isLocked = new Promise<void>((resolve) => { locked = resolve })
-  const holder = db.transaction().execute(async (trx) => {
-    await sql`lock table events in access exclusive mode`.execute(trx)
-    locked()
-    await released
-  })
-  await isLocked
+  const release = await lockTable('events')
   try {
     for (const path of ['/api/events/stream', '/api/events/stream?after_event_id=0']) {
       const stream = await openStream(url, path)
@@ -128,25 +118,14 @@ t.test('a read failing after the hub is up still answers 503, and registers noth
     }
     t.equal(app.events.size, 0)
   } finally {
-    release()
-    await holder
+    await release()
   }
 })
 
 t.test('a client gone before its stream started is never registered', async (t) => {
   const { app, url } = await serve(t)
   await app.events.ready()
-  const db = await writer()
-  let release!: () => void
-  const released = new Promise<void>((resolve) => { release = resolve })
-  let locked!: () => void
-  const isLocked = new Promise<void>((resolve) => { locked = resolve })
-  const holder = db.transaction().execute(async (trx) => {
-    await sql`lock table events in access exclusive mode`.execute(trx)
-    locked()
-    await released
-  })
-  await isLocked
+  const release = await lockTable('events')
   // The request waits on the lock; the client gives up meanwhile.
   const gaveUp = new Promise<void>((resolve) => {
     const req = httpRequest(`${url}/api/events/stream?run_id=impatient`)
@@ -156,8 +135,7 @@ t.test('a client gone before its stream started is never registered', async (t) 
   })
   await gaveUp
   await new Promise((resolve) => setTimeout(resolve, 100))
-  release()
-  await holder
+  await release()
   await new Promise((resolve) => setTimeout(resolve, 200))
   t.equal(app.events.size, 0, 'nothing left registered')
 })

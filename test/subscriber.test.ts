@@ -66,6 +66,17 @@ t.test('live events overflowing the buffer during catch-up are re-read from the 
   t.ok(reads >= 3, 'another pass after the overflow')
 })
 
+t.test('a stream closed during catch-up stops reading', async (t) => {
+  let reads = 0
+  const { instance, response, drops } = subscriber({
+    readAfter: async () => { reads++; response.destroy(); return [event(1), event(2)] }
+  })
+  await instance.catchUp()
+  t.equal(reads, 1)
+  t.notOk(instance.isLive)
+  t.same(drops, [])
+})
+
 t.test('a failed read ends the stream and says why', async (t) => {
   const { instance, response, drops } = subscriber({ readAfter: async () => { throw new Error('database away') } })
   await instance.catchUp([event(1), event(2)])

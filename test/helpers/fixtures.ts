@@ -1,4 +1,4 @@
-import type { Insertable, Kysely } from 'kysely'
+import { sql, type Insertable, type Kysely } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
 import { createDb } from '../../db/pool.js'
@@ -137,4 +137,27 @@ export async function insertGraph (graph: Graph): Promise<void> {
       if (rows !== undefined && rows.length > 0) await trx.insertInto(table).values(rows as never).execute()
     }
   })
+}
+
+/**
+ * Takes an ACCESS EXCLUSIVE lock on `table` in a transaction of its own, so
+ * that the service's reads of it wait; resolves once the lock is held, with
+ * the function that releases it.
+ */
+export async function lockTable (table: 'runs' | 'events'): Promise<() => Promise<void>> {
+  const db = await writer()
+  let release!: () => void
+  const released = new Promise<void>((resolve) => { release = resolve })
+  let locked!: () => void
+  const isLocked = new Promise<void>((resolve) => { locked = resolve })
+  const holder = db.transaction().execute(async (trx) => {
+    await sql`lock table ${sql.table(table)} in access exclusive mode`.execute(trx)
+    locked()
+    await released
+  })
+  await isLocked
+  return async () => {
+    release()
+    await holder
+  }
 }
