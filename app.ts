@@ -1,10 +1,11 @@
 import autoload from '@fastify/autoload'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
-import Fastify, { type FastifyInstance, type FastifyReply, type FastifyServerOptions } from 'fastify'
+import Fastify, { LogController, type FastifyInstance, type FastifyReply, type FastifyServerOptions } from 'fastify'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import type { Config } from './config.js'
 import { badRequest, toApiError } from './errors.js'
+import { requestIdOf } from './plugins/app/request-log.js'
 import { MAX_ID_LENGTH } from './schemas/api.js'
 
 declare module 'fastify' {
@@ -26,13 +27,30 @@ export interface BuildOptions {
   logger?: FastifyServerOptions['logger']
 }
 
+/** pino: JSON lines, or readable lines on a terminal (LOG_FORMAT). */
+function loggerFor (config: Config): FastifyServerOptions['logger'] {
+  const pretty = config.LOG_FORMAT === 'pretty' || (config.LOG_FORMAT === 'auto' && process.stdout.isTTY === true)
+  return {
+    level: config.LOG_LEVEL,
+    // Belt and braces: request logging never includes headers anyway.
+    redact: ['req.headers.authorization', 'req.headers.cookie'],
+    ...(pretty ? { transport: { target: 'pino-pretty', options: { translateTime: 'SYS:HH:MM:ss.l', ignore: 'pid,hostname' } } } : {})
+  }
+}
+
 /**
- * The application: Fastify with the plugins of plugins/ (schemas, errors,
- * database...) and then the routes of routes/, both autoloaded.
+ * The application: Fastify with the plugins of plugins/external (swagger,
+ * CORS, compression...) and plugins/app (database, schemas, errors, event
+ * stream...), then the routes of routes/, all autoloaded.
  */
 export async function buildApp (config: Config, options: BuildOptions = {}): Promise<FastifyInstance> {
   const app = Fastify({
-    logger: options.logger ?? { level: config.LOG_LEVEL },
+    logger: options.logger ?? loggerFor(config),
+    // One line per request, written by plugins/app/request-log.ts.
+    logController: new LogController({ disableRequestLogging: true }),
+    genReqId: requestIdOf,
+    // Answered by plugins/app/shutdown.ts, with the envelope.
+    return503OnClosing: false,
     routerOptions: {
       maxParamLength: MAX_ID_LENGTH,
       ignoreTrailingSlash: true
@@ -56,7 +74,10 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
   }).withTypeProvider<TypeBoxTypeProvider>()
 
   app.decorate('config', config)
-  await app.register(autoload, { dir: join(here, 'plugins') })
+  // Third-party plugins first (they see every route added after them),
+  // then the application's own, then the routes.
+  await app.register(autoload, { dir: join(here, 'plugins/external') })
+  await app.register(autoload, { dir: join(here, 'plugins/app') })
   await app.register(autoload, { dir: join(here, 'routes') })
   return app
 }

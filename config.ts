@@ -22,10 +22,23 @@ export const ConfigSchema = Type.Object({
   SSE_KEEPALIVE_MS: Type.Integer({ default: 15_000, minimum: 100, maximum: 3_600_000 }),
   SSE_RETRY_MS: Type.Integer({ default: 2000, minimum: 0, maximum: 3_600_000 }),
   SSE_MAX_BUFFERED_BYTES: Type.Integer({ default: 1_048_576, minimum: 1024, maximum: 1_073_741_824 }),
-  SSE_SLOW_CLIENT_TIMEOUT_MS: Type.Integer({ default: 30_000, minimum: 100, maximum: 3_600_000 })
+  SSE_SLOW_CLIENT_TIMEOUT_MS: Type.Integer({ default: 30_000, minimum: 100, maximum: 3_600_000 }),
+  LOG_FORMAT: Type.Enum(['auto', 'json', 'pretty'], { default: 'auto' }),
+  SHUTDOWN_GRACE_MS: Type.Integer({ default: 10_000, minimum: 0, maximum: 600_000 }),
+  API_TOKENS: Type.String({ default: '' }),
+  CORS_ORIGINS: Type.String({ default: '' }),
+  COMPRESS_MIN_BYTES: Type.Integer({ default: 1024, minimum: 0 }),
+  MAX_EVENT_LOOP_DELAY_MS: Type.Integer({ default: 1000, minimum: 0 }),
+  MAX_HEAP_USED_BYTES: Type.Integer({ default: 0, minimum: 0 }),
+  MAX_RSS_BYTES: Type.Integer({ default: 0, minimum: 0 })
 })
 
 export type Config = Static<typeof ConfigSchema>
+
+/** A comma-separated list variable as its non-empty, trimmed items. */
+export function listOf (value: string): string[] {
+  return value.split(',').map((item) => item.trim()).filter((item) => item !== '')
+}
 
 export class ConfigError extends Error {
   override name = 'ConfigError'

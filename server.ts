@@ -3,9 +3,6 @@ import { buildApp } from './app.js'
 import { ConfigError, loadConfig } from './config.js'
 import { migrateToLatest } from './db/migrate.js'
 
-/** Seconds a shutdown may take before the process exits anyway. */
-const SHUTDOWN_GRACE_MS = 10_000
-
 async function main () {
   const config = loadConfig()
   const app = await buildApp(config)
@@ -13,7 +10,10 @@ async function main () {
     const { applied } = await migrateToLatest(config.DATABASE_URL)
     app.log.info({ applied }, applied.length === 0 ? 'database schema up to date' : 'database migrated')
   }
-  closeWithGrace({ delay: SHUTDOWN_GRACE_MS }, async ({ signal, err }) => {
+  // SIGTERM or SIGINT: stop accepting, end the event streams (clients
+  // reconnect elsewhere), finish in-flight requests, close the pool; exit
+  // anyway after SHUTDOWN_GRACE_MS.
+  closeWithGrace({ delay: config.SHUTDOWN_GRACE_MS }, async ({ signal, err }) => {
     /* c8 ignore next: close-with-grace's own uncaught-exception path */
     if (err !== undefined) app.log.error({ err }, 'shutting down after an uncaught error')
     else app.log.info({ signal }, 'shutting down')

@@ -1,5 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
+import { sql } from 'kysely'
 import { Type } from 'typebox'
+import { errorResponse } from '../schemas/api.js'
 
 const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
   // Liveness only: it answers while the process does, whatever the database
@@ -7,10 +9,28 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get('/health', {
     schema: {
       operationId: 'getHealth',
+      tags: ['operations'],
       summary: 'Liveness: the process is up',
-      response: { 200: Type.Ref('Health') }
+      response: { 200: Type.Ref('Health', { description: 'The process is up' }) }
     }
   }, async () => ({ status: 'ok' as const }))
+
+  // Readiness: whether this replica should get traffic now.
+  app.get('/ready', {
+    schema: {
+      operationId: 'getReady',
+      tags: ['operations'],
+      summary: 'Readiness: the database answers and the process is not shutting down',
+      response: {
+        200: Type.Object({ status: Type.Literal('ready') }, { additionalProperties: false, description: 'Ready for traffic' }),
+        503: errorResponse('`unavailable`: the database does not answer, or the process is shutting down')
+      }
+    }
+  }, async () => {
+    // While shutting down, plugins/app/shutdown.ts answers 503 before this runs.
+    await sql`select 1`.execute(app.db)
+    return { status: 'ready' as const }
+  })
 }
 
 export default healthRoutes

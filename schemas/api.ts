@@ -66,7 +66,8 @@ const eventFilters = {
 
 export const StreamQuery = Type.Object({
   after_event_id: Type.Optional(EventCursor),
-  ...eventFilters
+  ...eventFilters,
+  access_token: Type.Optional(Type.String({ description: 'A bearer token, for clients that cannot send headers (a browser EventSource); only when API_TOKENS is set. Never logged.' }))
 })
 
 /** Largest page of GET /api/events. */
@@ -79,13 +80,15 @@ export const EventsQuery = Type.Object({
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_EVENTS_LIMIT, description: `Page size, ${DEFAULT_EVENTS_LIMIT} by default` }))
 })
 
-const errorEnvelope = Type.Ref('ErrorEnvelope')
+/** An error response: always the envelope; `description` says when it happens. */
+export const errorResponse = (description: string) => Type.Ref('ErrorEnvelope', { description })
 
 /** The error responses every /api route can give, besides its own 404. */
 export const commonErrors = {
-  400: errorEnvelope,
-  500: errorEnvelope,
-  503: errorEnvelope
+  400: errorResponse('`bad_request`: a malformed parameter or URL'),
+  401: errorResponse('`unauthorized`: a missing or unknown bearer token (only when API_TOKENS is set)'),
+  500: errorResponse('`internal`: an unexpected failure (a bug)'),
+  503: errorResponse('`unavailable`: the database is unreachable or too slow, or the service is overloaded or shutting down')
 }
 
-export const notFoundErrors = { ...commonErrors, 404: errorEnvelope }
+export const notFoundErrors = { ...commonErrors, 404: errorResponse('`not_found`: no such run or thread') }

@@ -8,6 +8,7 @@ import { Kysely, Migrator, PostgresDialect, sql } from 'kysely'
 import { migrateToLatest } from '../db/migrate.js'
 import { migrations } from '../db/migrations/index.js'
 import { serverDatabaseUrl, withDatabase } from './helpers/database.js'
+import { openStream } from './helpers/sse.js'
 
 // The two entry points as a user runs them: the server and `npm run migrate`.
 
@@ -127,6 +128,43 @@ t.test('the server migrates, serves, and stops on SIGTERM', async (t) => {
   t.equal(outcome.code, 0, 'a clean exit on SIGTERM')
   t.match(outcome.stdout, /database migrated/)
   t.match(outcome.stdout, /shutting down/)
+})
+
+t.test('SIGTERM ends open event streams and exits cleanly within the grace', async (t) => {
+  const url = await emptyDatabase(t, 'sigterm')
+  await migrateToLatest(url)
+  let streamEnded: Promise<void> | undefined
+  const started = { at: 0 }
+  const outcome = await run('server.ts', { DATABASE_URL: url, PORT: '0', HOST: '127.0.0.1', SHUTDOWN_GRACE_MS: '5000' }, (stdout, child) => {
+    const match = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/.exec(stdout)
+    if (match === null || streamEnded !== undefined) return
+    streamEnded = (async () => {
+      const stream = await openStream(match[1]!, '/api/events/stream')
+      await stream.waitFor((s) => s.frames.length >= 1)
+      started.at = Date.now()
+      child.kill('SIGTERM')
+      await stream.ended
+    })()
+  })
+  await streamEnded
+  t.equal(outcome.code, 0, 'exit 0')
+  t.ok(Date.now() - started.at < 5000, 'well within the grace')
+  t.match(outcome.stdout, /"signal":"SIGTERM"/)
+})
+
+t.test('LOG_FORMAT=pretty writes readable lines instead of JSON', async (t) => {
+  const url = await emptyDatabase(t, 'pretty')
+  await migrateToLatest(url)
+  let stopped = false
+  const outcome = await run('server.ts', { DATABASE_URL: url, PORT: '0', HOST: '127.0.0.1', LOG_FORMAT: 'pretty' }, (stdout, child) => {
+    if (stopped || !/Server listening/.test(stdout)) return
+    stopped = true
+    child.kill('SIGTERM')
+  })
+  t.ok(stopped)
+  t.equal(outcome.code, 0)
+  t.match(outcome.stdout, /INFO.*Server listening at/)
+  t.notMatch(outcome.stdout, /^\{"level"/m, 'no JSON lines')
 })
 
 t.test('a restart on a migrated database finds it up to date', async (t) => {

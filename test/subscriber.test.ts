@@ -1,7 +1,7 @@
 import type { ServerResponse } from 'node:http'
 import t from 'tap'
 import type { EventFilter, StoredEvent } from '../db/events.js'
-import { Subscriber, type SubscriberOptions } from '../plugins/events/subscriber.js'
+import { Subscriber, type SubscriberOptions } from '../plugins/app/events/subscriber.js'
 
 // The subscriber's hand-off rules, in isolation (the HTTP tests cover the wiring).
 

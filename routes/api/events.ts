@@ -2,7 +2,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
 import { eventsAfter, latestEventId, listEvents, type EventFilter, type StoredEvent } from '../../db/events.js'
 import { badRequest } from '../../errors.js'
-import { Subscriber, type SubscriberOptions } from '../../plugins/events/subscriber.js'
+import { Subscriber, type SubscriberOptions } from '../../plugins/app/events/subscriber.js'
 import { commonErrors, DEFAULT_EVENTS_LIMIT, EventsQuery, StreamQuery } from '../../schemas/api.js'
 
 /** Events read per catch-up query of a stream that resumes from an older cursor. */
@@ -38,6 +38,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
     sse: { kind: 'manual', heartbeat: false },
     schema: {
       operationId: 'streamEvents',
+      tags: ['events'],
       summary: 'The live event stream (Server-Sent Events)',
       description: 'Each event is `id: <event_id>` and `data: <Event as one line of JSON>`. Resumes after the Last-Event-ID header if sent, else after `after_event_id`, else from the current end. Sends `retry:` once, `: keep-alive` comments when quiet, and id-only blocks that move a filtered client\'s cursor. Every committed event matching the filters is delivered exactly once, in ascending event_id.',
       querystring: StreamQuery,
@@ -88,10 +89,11 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get('/events', {
     schema: {
       operationId: 'listEvents',
+      tags: ['events'],
       summary: 'A page of events, for clients that cannot hold a stream open',
       description: `Events after \`after_event_id\` (0, the first event, by default) matching the filters, ascending, at most \`limit\` (${DEFAULT_EVENTS_LIMIT} by default). X-Event-Cursor is where to resume: the last event returned when the page is full, else the stream's end.`,
       querystring: EventsQuery,
-      response: { 200: Type.Ref('EventList'), ...commonErrors }
+      response: { 200: Type.Ref('EventList', { description: 'A page of events' }), ...commonErrors }
     }
   }, async (request, reply) => {
     const { after_event_id: after, limit = DEFAULT_EVENTS_LIMIT } = request.query

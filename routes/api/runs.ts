@@ -72,10 +72,11 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get('/runs', {
     schema: {
       operationId: 'listRuns',
+      tags: ['runs'],
       summary: 'Runs, newest first, each with its task counts',
       description: `Newest first (created_at desc, run_id desc). Without \`limit\`, at most ${RUN_LIST_DEFAULT_LIMIT} runs (RUN_LIST_DEFAULT_LIMIT); a Link rel="next" header is sent whenever more remain.`,
       querystring: PageQuery,
-      response: { 200: Type.Ref('RunList'), ...commonErrors }
+      response: { 200: Type.Ref('RunList', { description: 'The runs, newest first' }), ...commonErrors }
     }
   }, async (request, reply) => {
     const limit = request.query.limit ?? RUN_LIST_DEFAULT_LIMIT
@@ -86,9 +87,10 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get('/runs/:runID', {
     schema: {
       operationId: 'getRunDetail',
+      tags: ['runs'],
       summary: 'A run with its task counts, tasks and blocked tasks, from one snapshot',
       params: RunParams,
-      response: { 200: Type.Ref('RunDetailEnvelope'), ...notFoundErrors }
+      response: { 200: Type.Ref('RunDetailEnvelope', { description: 'The run in detail' }), ...notFoundErrors }
     }
   }, async (request, reply) => {
     const { runID } = request.params
@@ -101,11 +103,12 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get('/runs/:runID/tasks', {
     schema: {
       operationId: 'listRunTasks',
+      tags: ['runs'],
       summary: 'The tasks of a run',
       description: 'Ordered by created_at, then task_id. All of them unless `limit` is given; then a Link rel="next" header is sent whenever more remain.',
       params: RunParams,
       querystring: PageQuery,
-      response: { 200: Type.Ref('TaskList'), ...notFoundErrors }
+      response: { 200: Type.Ref('TaskList', { description: 'The run\'s tasks' }), ...notFoundErrors }
     }
   }, async (request, reply) => {
     const { limit, cursor } = request.query
@@ -118,9 +121,10 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get('/runs/:runID/blocked', {
     schema: {
       operationId: 'listBlockedTasks',
+      tags: ['runs'],
       summary: 'The blocked tasks of a run, each with its attempt and the question that blocks it',
       params: RunParams,
-      response: { 200: Type.Ref('BlockedTaskList'), ...notFoundErrors }
+      response: { 200: Type.Ref('BlockedTaskList', { description: 'The run\'s blocked tasks' }), ...notFoundErrors }
     }
   }, async (request, reply) => {
     const { runID } = request.params

@@ -8,9 +8,10 @@ const threadRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get('/threads/:threadID', {
     schema: {
       operationId: 'getThreadDetail',
+      tags: ['threads'],
       summary: 'A thread with its messages in order, each with its artifacts',
       params: ThreadParams,
-      response: { 200: Type.Ref('ThreadDetailEnvelope'), ...notFoundErrors }
+      response: { 200: Type.Ref('ThreadDetailEnvelope', { description: 'The thread and its messages' }), ...notFoundErrors }
     }
   }, async (request, reply) => {
     const thread = await getThreadDetail(app.db, request.params.threadID)

@@ -1,6 +1,6 @@
 import type { FastifyBaseLogger } from 'fastify'
-import { eventsAfter, latestEventId, type StoredEvent } from '../../db/events.js'
-import type { Db } from '../../db/queries.js'
+import { eventsAfter, latestEventId, type StoredEvent } from '../../../db/events.js'
+import type { Db } from '../../../db/queries.js'
 import type { Subscriber } from './subscriber.js'
 
 export interface HubOptions {
@@ -28,6 +28,7 @@ export class EventHub {
   #timer: NodeJS.Timeout | undefined
   #stopped = false
   #failing = false
+  #lastPollAt = 0
   readonly #subscribers = new Set<Subscriber>()
   readonly #unfiltered = new Set<Subscriber>()
   readonly #byRun = new Map<string, Set<Subscriber>>()
@@ -37,6 +38,16 @@ export class EventHub {
 
   get size (): number {
     return this.#subscribers.size
+  }
+
+  /** The highest event id handed to subscribers (undefined before the first read). */
+  get head (): number | undefined {
+    return this.#head
+  }
+
+  /** When a poll last completed (epoch ms; 0 before the first): its lag is the metric. */
+  get lastPollAt (): number {
+    return this.#lastPollAt
   }
 
   /** The head, read from the table on first use (once, however many callers wait). */
@@ -91,6 +102,7 @@ export class EventHub {
       if (events.length > 0) head = this.#head = events[events.length - 1]!.id
       if (events.length < POLL_PAGE_SIZE) break
     }
+    this.#lastPollAt = Date.now()
   }
 
   /** Heartbeats for the streams that have been quiet for keepAliveMs. */

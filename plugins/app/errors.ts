@@ -1,5 +1,5 @@
 import fp from 'fastify-plugin'
-import { notFound, toApiError } from '../errors.js'
+import { notFound, toApiError } from '../../errors.js'
 
 /**
  * Every error leaves as the {error: {code, message}} envelope, never
@@ -8,11 +8,10 @@ import { notFound, toApiError } from '../errors.js'
 export default fp(async function errorsPlugin (app) {
   app.setErrorHandler(async (err, request, reply) => {
     const apiError = toApiError(err)
-    if (apiError.statusCode >= 500) {
-      request.log[apiError.code === 'unavailable' ? 'warn' : 'error']({ err }, `request failed: ${apiError.code}`)
-    } else {
-      request.log.info({ err: { code: apiError.code, message: apiError.message } }, 'request rejected')
-    }
+    // The request's own log line (request-log.ts) has its status; this adds the cause.
+    if (apiError.code === 'internal') request.log.error({ err }, 'request failed')
+    else if (apiError.code === 'unavailable') request.log.warn({ err }, 'request failed: unavailable')
+    else request.log.debug({ error: apiError.toBody().error }, 'request rejected')
     return reply.code(apiError.statusCode).send(apiError.toBody())
   })
 

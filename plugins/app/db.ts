@@ -1,12 +1,15 @@
 import fp from 'fastify-plugin'
 import type { Kysely } from 'kysely'
-import { createDb, createReadPool } from '../db/pool.js'
-import type { Database } from '../db/schema.js'
+import type pg from 'pg'
+import { createDb, createReadPool } from '../../db/pool.js'
+import type { Database } from '../../db/schema.js'
 
 declare module 'fastify' {
   interface FastifyInstance {
     /** The read-only query builder over the shared Postgres (see db/pool.ts). */
     db: Kysely<Database>
+    /** The pool behind `db`, for its gauges. */
+    dbPool: pg.Pool
   }
 }
 
@@ -23,5 +26,6 @@ export default fp(async function dbPlugin (app) {
   pool.on('error', (err) => app.log.warn({ err }, 'idle database connection lost'))
   const db = createDb(pool)
   app.decorate('db', db)
+  app.decorate('dbPool', pool)
   app.addHook('onClose', async () => { await db.destroy() })
 }, { name: 'db', decorators: { fastify: ['config'] } })

@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http'
-import type { EventFilter, StoredEvent } from '../../db/events.js'
+import type { EventFilter, StoredEvent } from '../../../db/events.js'
 
 /** One event on the wire (CONTRACT section 5): its id, its envelope as one data line, a blank line. */
 export const eventFrame = (event: StoredEvent) => `id: ${event.id}\ndata: ${event.json}\n\n`

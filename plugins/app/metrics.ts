@@ -1,0 +1,67 @@
+import fp from 'fastify-plugin'
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client'
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** This application's Prometheus registry (served at /metrics). */
+    metrics: Registry
+  }
+}
+
+/**
+ * Prometheus metrics: requests and their duration per route and status,
+ * the database pool, open event streams, and the event poller's lag, plus
+ * Node's process metrics. One registry per application instance.
+ */
+export default fp(async function metricsPlugin (app) {
+  const registry = new Registry()
+  const registers = [registry]
+  collectDefaultMetrics({ register: registry })
+
+  const labelNames = ['method', 'route', 'status_code'] as const
+  const requests = new Counter({ name: 'http_requests_total', help: 'HTTP requests answered, by route and status', labelNames, registers })
+  const durations = new Histogram({
+    name: 'http_request_duration_seconds',
+    help: 'Time to answer an HTTP request (for an event stream: how long it stayed open)',
+    labelNames,
+    buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+    registers
+  })
+  const { dbPool, events } = app
+  new Gauge({ // eslint-disable-line no-new
+    name: 'db_pool_connections',
+    help: 'Connections of the request pool: total open, idle, and requests waiting for one',
+    labelNames: ['state'] as const,
+    registers,
+    collect () {
+      this.set({ state: 'total' }, dbPool.totalCount)
+      this.set({ state: 'idle' }, dbPool.idleCount)
+      this.set({ state: 'waiting' }, dbPool.waitingCount)
+    }
+  })
+  new Gauge({ // eslint-disable-line no-new
+    name: 'event_streams_open',
+    help: 'Event streams (SSE subscribers) open on this process',
+    registers,
+    collect () { this.set(events.size) }
+  })
+  new Gauge({ // eslint-disable-line no-new
+    name: 'event_poller_lag_seconds',
+    help: 'Seconds since the event poller last read the events table successfully (-1 before its first read)',
+    registers,
+    collect () { this.set(events.lastPollAt === 0 ? -1 : (Date.now() - events.lastPollAt) / 1000) }
+  })
+  new Gauge({ // eslint-disable-line no-new
+    name: 'event_poller_head',
+    help: 'Highest event id the poller has handed to streams',
+    registers,
+    collect () { this.set(events.head ?? 0) }
+  })
+
+  app.addHook('onResponse', async (request, reply) => {
+    const labels = { method: request.method, route: request.routeOptions.url ?? 'unmatched', status_code: String(reply.statusCode) }
+    requests.inc(labels)
+    durations.observe(labels, reply.elapsedTime / 1000)
+  })
+  app.decorate('metrics', registry)
+}, { name: 'metrics', dependencies: ['db', 'events'] })

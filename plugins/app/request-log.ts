@@ -1,0 +1,40 @@
+import type { FastifyRequest } from 'fastify'
+import fp from 'fastify-plugin'
+import { randomUUID } from 'node:crypto'
+import type { IncomingMessage } from 'node:http'
+
+/** An incoming X-Request-Id is honoured when it looks like an id; otherwise one is made. */
+const REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/
+
+/** Fastify's genReqId: the caller's X-Request-Id, or a fresh UUID. */
+export function requestIdOf (request: IncomingMessage): string {
+  const header = request.headers['x-request-id']
+  return typeof header === 'string' && REQUEST_ID.test(header) ? header : randomUUID()
+}
+
+/** The URL as logged: a token given in the query (the stream's access_token) never reaches the logs. */
+export function loggableUrl (url: string): string {
+  return url.replace(/([?&]access_token=)[^&#]*/gi, '$1[redacted]')
+}
+
+const routeOf = (request: FastifyRequest) => request.routeOptions.url ?? 'unmatched'
+
+/**
+ * One log line per request, when its response is done (for a stream: when
+ * it ends), carrying the request id; the id is echoed in X-Request-Id.
+ * Headers are never logged, so neither is an Authorization header.
+ */
+export default fp(async function requestLogPlugin (app) {
+  app.addHook('onRequest', async (request, reply) => {
+    reply.header('x-request-id', request.id)
+  })
+  app.addHook('onResponse', async (request, reply) => {
+    request.log.info({
+      method: request.method,
+      url: loggableUrl(request.url),
+      route: routeOf(request),
+      statusCode: reply.statusCode,
+      responseTimeMs: Math.round(reply.elapsedTime * 100) / 100
+    }, 'request')
+  })
+}, { name: 'request-log' })

@@ -1,0 +1,20 @@
+import cors from '@fastify/cors'
+import fp from 'fastify-plugin'
+import { listOf } from '../../config.js'
+
+/**
+ * CORS for browser UIs served from other origins: off unless CORS_ORIGINS
+ * lists them (comma-separated; `*` for any). The headers a UI needs to read
+ * (X-Event-Cursor, Link, X-Request-Id) are exposed.
+ */
+export default fp(async function corsPlugin (app) {
+  const origins = listOf(app.config.CORS_ORIGINS)
+  if (origins.length === 0) return
+  await app.register(cors, {
+    origin: origins.includes('*') ? '*' : origins,
+    methods: ['GET', 'HEAD', 'OPTIONS'],
+    allowedHeaders: ['Authorization', 'Last-Event-ID', 'Content-Type', 'X-Request-Id'],
+    exposedHeaders: ['X-Event-Cursor', 'Link', 'X-Request-Id', 'Retry-After'],
+    maxAge: 600
+  })
+}, { name: 'cors', decorators: { fastify: ['config'] } })

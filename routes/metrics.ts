@@ -1,0 +1,21 @@
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
+import { Type } from 'typebox'
+import { errorResponse } from '../schemas/api.js'
+
+const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  app.get('/metrics', {
+    schema: {
+      operationId: 'getMetrics',
+      tags: ['operations'],
+      summary: 'Prometheus metrics (text exposition format)',
+      response: {
+        200: { description: 'Prometheus text format', content: { 'text/plain': { schema: Type.String() } } },
+        401: errorResponse('`unauthorized`: a missing or unknown bearer token (only when API_TOKENS is set)')
+      }
+    }
+  }, async (_request, reply) => {
+    return reply.type(app.metrics.contentType).send(await app.metrics.metrics())
+  })
+}
+
+export default metricsRoutes

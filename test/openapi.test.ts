@@ -1,0 +1,147 @@
+import SwaggerParser from '@apidevtools/swagger-parser'
+import { Ajv } from 'ajv'
+import addFormats from 'ajv-formats'
+import t, { type Test } from 'tap'
+import { build } from './helpers/app.js'
+import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
+import { insertEvents, openStream } from './helpers/sse.js'
+
+// The OpenAPI document: valid, complete against SPEC section 4, named
+// components, and true: real responses validate against its own schemas.
+
+interface Operation { operationId: string, parameters?: Array<{ name: string, in: string }>, responses: Record<string, { content?: Record<string, { schema: unknown }> }> }
+type Document = { openapi: string, info: { version: string }, paths: Record<string, Record<string, Operation>>, components: { schemas: Record<string, unknown> } }
+
+const specOperations = [
+  ['getHealth', '/health', ['200']],
+  ['listRuns', '/api/runs', ['200']],
+  ['getRunDetail', '/api/runs/{runID}', ['200', '404']],
+  ['listRunTasks', '/api/runs/{runID}/tasks', ['200', '404']],
+  ['listBlockedTasks', '/api/runs/{runID}/blocked', ['200', '404']],
+  ['getThreadDetail', '/api/threads/{threadID}', ['200', '404']]
+] as const
+
+const specResources = ['Run', 'RunListItem', 'RunDetail', 'Task', 'TaskAttempt', 'Artifact', 'Message', 'Thread', 'ThreadDetail', 'BlockedTask', 'ErrorEnvelope', 'Event']
+
+t.before(() => insertGraph({
+  runs: [makeRun({ run_id: 'run-o' })],
+  tasks: [
+    makeTask({ run_id: 'run-o', task_id: 'task-blocked', status: 'blocked', latest_attempt_no: 1, default_to: 'alice', acceptance_json: json([1, 'a', null]) }),
+    makeTask({ run_id: 'run-o', task_id: 'task-plain', acceptance_json: json('text') })
+  ],
+  task_attempts: [makeAttempt({ run_id: 'run-o', task_id: 'task-blocked', thread_id: 'thread-o', base_ref: 'main' })],
+  threads: [makeThread({ run_id: 'run-o', task_id: 'task-blocked', thread_id: 'thread-o', latest_message_id: 'msg-q' })],
+  messages: [makeMessage({ thread_id: 'thread-o', message_id: 'msg-q', kind: 'question', payload_json: json(null) })],
+  artifacts: [makeArtifact({ message_id: 'msg-q', metadata_json: json({ deep: { x: [true] } }) })]
+}))
+
+async function fetchDocument (t: Test) {
+  const app = await build(t)
+  const res = await app.inject('/openapi.json')
+  t.equal(res.statusCode, 200)
+  return { app, doc: res.json() as Document }
+}
+
+t.test('the document is valid OpenAPI 3, version 0.1.0', async (t) => {
+  const { doc } = await fetchDocument(t)
+  t.match(doc.openapi, /^3\./)
+  t.equal(doc.info.version, '0.1.0')
+  await t.resolves(SwaggerParser.validate(structuredClone(doc) as never), 'swagger-parser validates it')
+})
+
+t.test('every operation of SPEC section 4, by operation id, path and status', async (t) => {
+  const { doc } = await fetchDocument(t)
+  for (const [operationId, path, statuses] of specOperations) {
+    const operation = doc.paths[path]?.get
+    t.equal(operation?.operationId, operationId, `${operationId} at GET ${path}`)
+    for (const status of statuses) t.ok(operation?.responses[status], `${operationId} documents ${status}`)
+  }
+})
+
+t.test('components carry the resources\' names; every error response is the envelope', async (t) => {
+  const { doc } = await fetchDocument(t)
+  const names = Object.keys(doc.components.schemas)
+  for (const name of specResources) t.ok(names.includes(name), `component ${name}`)
+  t.same(names.filter((name) => /^def-\d+$/.test(name)), [], 'no def-N component')
+  for (const [path, methods] of Object.entries(doc.paths)) {
+    for (const [method, operation] of Object.entries(methods)) {
+      for (const [status, response] of Object.entries(operation.responses)) {
+        if (Number(status) < 400) continue
+        t.same(response.content?.['application/json']?.schema, { $ref: '#/components/schemas/ErrorEnvelope' }, `${method.toUpperCase()} ${path} ${status}`)
+      }
+    }
+  }
+})
+
+t.test('the event stream is documented as text/event-stream with its parameters', async (t) => {
+  const { doc } = await fetchDocument(t)
+  const stream = doc.paths['/api/events/stream']?.get
+  t.ok(stream)
+  t.same(stream!.responses['200']?.content?.['text/event-stream']?.schema, { $ref: '#/components/schemas/Event' })
+  const parameters = (stream!.parameters ?? []).map((parameter) => `${parameter.in}:${parameter.name}`)
+  for (const parameter of ['query:after_event_id', 'query:run_id', 'query:thread_id', 'header:last-event-id']) t.ok(parameters.includes(parameter), parameter)
+  t.ok(doc.paths['/api/events']?.get, 'the JSON page too')
+})
+
+t.test('real responses validate against the document\'s own schemas', async (t) => {
+  const { app, doc } = await fetchDocument(t)
+  const ajv = new Ajv({ strict: false, allErrors: true })
+  addFormats.default(ajv)
+  ajv.addSchema(doc as object, 'openapi.json')
+  const pointer = (path: string, status: string, type = 'application/json') =>
+    `openapi.json#/paths/${path.replaceAll('~', '~0').replaceAll('/', '~1')}/get/responses/${status}/content/${type.replaceAll('/', '~1')}/schema`
+  const check = (path: string, status: string, body: unknown, label: string) => {
+    const validate = ajv.compile({ $ref: pointer(path, status) })
+    t.ok(validate(body), label, { errors: validate.errors })
+  }
+  await insertEvents({ run_id: 'run-o', payload: json({ k: 1 }) })
+  const cases: Array<[string, string, number]> = [
+    ['/health', '/health', 200],
+    ['/api/runs', '/api/runs', 200],
+    ['/api/runs/{runID}', '/api/runs/run-o', 200],
+    ['/api/runs/{runID}/tasks', '/api/runs/run-o/tasks', 200],
+    ['/api/runs/{runID}/blocked', '/api/runs/run-o/blocked', 200],
+    ['/api/threads/{threadID}', '/api/threads/thread-o', 200],
+    ['/api/events', '/api/events', 200],
+    ['/api/runs/{runID}', '/api/runs/nope', 404],
+    ['/api/runs/{runID}/tasks', '/api/runs/nope/tasks', 404],
+    ['/api/runs/{runID}/blocked', '/api/runs/nope/blocked', 404],
+    ['/api/threads/{threadID}', '/api/threads/nope', 404],
+    ['/api/runs', '/api/runs?limit=0', 400],
+    ['/api/events', '/api/events?after_event_id=x', 400]
+  ]
+  for (const [path, url, status] of cases) {
+    const res = await app.inject(url)
+    t.equal(res.statusCode, status, url)
+    check(path, String(status), res.json(), `${url} (${status}) matches the document`)
+  }
+  const detail = (await app.inject('/api/runs/run-o')).json()
+  t.equal(detail.run.blocked_tasks.length, 1, 'the blocked task (attempt, question, artifacts) was in what was checked')
+
+  // An event off the wire against the document's Event schema.
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream?after_event_id=0')
+  t.teardown(stream.close)
+  await stream.waitFor((s) => s.events().length >= 1)
+  const validateEvent = ajv.compile({ $ref: pointer('/api/events/stream', '200', 'text/event-stream') })
+  t.ok(validateEvent(stream.events()[0]), 'a streamed event matches the document', { errors: validateEvent.errors })
+})
+
+t.test('/docs works with no network: every asset it loads is served here', async (t) => {
+  const { app } = await fetchDocument(t)
+  const page = await app.inject('/docs/')
+  t.equal(page.statusCode, 200)
+  t.match(page.headers['content-type'], /text\/html/)
+  t.notMatch(page.body, /(src|href)="(https?:)?\/\//, 'no asset from another host')
+  const assets = [...page.body.matchAll(/(?:src|href)="\.\/([^"]+)"/g)].map((match) => match[1]!)
+  t.ok(assets.length >= 3, `${assets.length} assets`)
+  for (const asset of assets) {
+    const res = await app.inject(`/docs/${asset}`)
+    t.equal(res.statusCode, 200, asset)
+  }
+  const initializer = await app.inject('/docs/static/swagger-initializer.js')
+  t.notMatch(initializer.body, /petstore|unpkg|jsdelivr|cdnjs/i, 'the initializer loads the spec from here, nothing from a CDN')
+  t.ok(page.headers['content-security-policy'], 'a content security policy')
+  t.equal(page.headers['x-content-type-options'], 'nosniff')
+})

@@ -1,0 +1,222 @@
+import { connect } from 'node:net'
+import { brotliDecompressSync, gunzipSync } from 'node:zlib'
+import t from 'tap'
+import { build } from './helpers/app.js'
+import { insertGraph, lockTable, makeRun, makeTask } from './helpers/fixtures.js'
+import { openStream } from './helpers/sse.js'
+
+// The operations kit: request ids and logs, readiness, metrics, auth, CORS,
+// compression, load shedding, shutdown.
+
+t.before(() => insertGraph({
+  runs: Array.from({ length: 12 }, (_, i) => makeRun({ run_id: `run-ops-${i}`, summary: 'x'.repeat(200) })),
+  tasks: [makeTask({ run_id: 'run-ops-0', task_id: 'task-ops' })]
+}))
+
+interface LogLine { msg: string, reqId?: string, url?: string, statusCode?: number, method?: string, route?: string, responseTimeMs?: number }
+
+function captureLogs () {
+  const lines: LogLine[] = []
+  const raw: string[] = []
+  return { lines, raw, stream: { write: (line: string) => { raw.push(line); lines.push(JSON.parse(line)) } } }
+}
+
+t.test('request ids: an incoming X-Request-Id is honoured and echoed, else one is made', async (t) => {
+  const app = await build(t)
+  const given = await app.inject({ url: '/api/runs', headers: { 'x-request-id': 'trace-abc.123' } })
+  t.equal(given.headers['x-request-id'], 'trace-abc.123')
+  const made = await app.inject('/api/runs')
+  t.match(made.headers['x-request-id'], /^[0-9a-f-]{36}$/)
+  const hostile = await app.inject({ url: '/api/runs', headers: { 'x-request-id': 'evil\u0001id with spaces' } })
+  t.match(hostile.headers['x-request-id'], /^[0-9a-f-]{36}$/, 'a malformed id is replaced, not echoed')
+  const long = await app.inject({ url: '/health', headers: { 'x-request-id': 'a'.repeat(129) } })
+  t.not(long.headers['x-request-id'], 'a'.repeat(129))
+  const error = await app.inject({ url: '/api/runs/nope', headers: { 'x-request-id': 'on-errors-too' } })
+  t.equal(error.headers['x-request-id'], 'on-errors-too')
+})
+
+t.test('logs: one JSON line per request with its id; no token or authorization is ever logged', async (t) => {
+  const { lines, raw, stream } = captureLogs()
+  const app = await build(t, { API_TOKENS: 'sekret-token' }, { logger: { level: 'info', stream } })
+  await app.inject({ url: '/api/runs', headers: { 'x-request-id': 'req-1', authorization: 'Bearer sekret-token' } })
+  await app.inject({ url: '/api/runs/nope', headers: { 'x-request-id': 'req-2', authorization: 'Bearer sekret-token' } })
+  await app.inject({ url: '/api/events?access_token=sekret-token&limit=1', headers: { 'x-request-id': 'req-3' } })
+  const requests = lines.filter((line) => line.msg === 'request')
+  t.same(requests.map((line) => line.reqId), ['req-1', 'req-2', 'req-3'], 'one line per request')
+  t.match(requests[0], { method: 'GET', url: '/api/runs', route: '/api/runs', statusCode: 200 })
+  t.type(requests[0]!.responseTimeMs, 'number')
+  t.equal(requests[1]!.statusCode, 404)
+  t.equal(requests[2]!.url, '/api/events?access_token=[redacted]&limit=1')
+  t.notMatch(raw.join('\n'), /sekret-token/, 'the token appears in no log line')
+  t.equal(lines.filter((line) => line.reqId === 'req-1').length, 1, 'nothing else is logged for a plain request')
+})
+
+t.test('/ready: 200 when the database answers, 503 when not; /health stays 200', async (t) => {
+  const app = await build(t)
+  const ready = await app.inject('/ready')
+  t.equal(ready.statusCode, 200)
+  t.same(ready.json(), { status: 'ready' })
+  const down = await build(t, { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/none', DB_CONNECT_TIMEOUT_MS: 300 })
+  const notReady = await down.inject('/ready')
+  t.equal(notReady.statusCode, 503)
+  t.equal(notReady.json().error.code, 'unavailable')
+  t.equal((await down.inject('/health')).statusCode, 200)
+})
+
+t.test('/metrics: requests by route and status, the pool, streams, the poller', async (t) => {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20 })
+  await app.inject('/api/runs')
+  await app.inject('/api/runs')
+  await app.inject('/api/runs/run-ops-0')
+  await app.inject('/api/runs/nope')
+  await app.inject('/no/such/route')
+  await new Promise((resolve) => setTimeout(resolve, 100)) // a few polls
+  const res = await app.inject('/metrics')
+  t.equal(res.statusCode, 200)
+  t.match(res.headers['content-type'], /^text\/plain/)
+  const text = res.body
+  t.match(text, /http_requests_total\{method="GET",route="\/api\/runs",status_code="200"\} 2/)
+  t.match(text, /http_requests_total\{method="GET",route="\/api\/runs\/:runID",status_code="200"\} 1/)
+  t.match(text, /http_requests_total\{method="GET",route="\/api\/runs\/:runID",status_code="404"\} 1/)
+  t.match(text, /http_requests_total\{method="GET",route="unmatched",status_code="404"\} 1/)
+  t.match(text, /http_request_duration_seconds_bucket\{le="0\.1",method="GET",route="\/api\/runs",status_code="200"\} \d/)
+  t.match(text, /db_pool_connections\{state="total"\} \d/)
+  t.match(text, /db_pool_connections\{state="idle"\} \d/)
+  t.match(text, /db_pool_connections\{state="waiting"\} 0/)
+  t.match(text, /event_streams_open 0/)
+  const lag = Number(/^event_poller_lag_seconds (\S+)$/m.exec(text)?.[1])
+  t.ok(lag >= 0 && lag < 1, `poller lag ${lag} s`)
+  t.match(text, /event_poller_head \d+/)
+  t.match(text, /process_resident_memory_bytes \d+/)
+})
+
+t.test('auth: off by default; with API_TOKENS, /api and /metrics need a bearer token', async (t) => {
+  const open = await build(t)
+  t.equal((await open.inject('/api/runs')).statusCode, 200, 'no token needed when none is configured')
+
+  const app = await build(t, { API_TOKENS: 'token-alpha, token-beta' })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  const unauthorized = { error: { code: 'unauthorized', message: 'a valid bearer token is required' } }
+  for (const headers of [{}, { authorization: 'Bearer wrong' }, { authorization: 'Basic dG9rZW4tYWxwaGE=' }, { authorization: 'Bearer' }, { authorization: 'token-alpha' }]) {
+    for (const url of ['/api/runs', '/api/runs/run-ops-0', '/api/events', '/metrics']) {
+      const res = await app.inject({ url, headers })
+      t.equal(res.statusCode, 401, `${url} ${JSON.stringify(headers)}`)
+      t.same(res.json(), unauthorized)
+      t.match(res.headers['www-authenticate'], /^Bearer/)
+    }
+  }
+  for (const token of ['token-alpha', 'token-beta']) {
+    t.equal((await app.inject({ url: '/api/runs', headers: { authorization: `Bearer ${token}` } })).statusCode, 200, token)
+    t.equal((await app.inject({ url: '/metrics', headers: { authorization: `bearer ${token}` } })).statusCode, 200)
+  }
+  for (const url of ['/health', '/ready', '/docs/', '/openapi.json']) {
+    t.equal((await app.inject(url)).statusCode, 200, `${url} stays open`)
+  }
+  t.equal((await app.inject('/api/runs?access_token=token-alpha')).statusCode, 401, 'the query token is for the stream only')
+
+  const base = `http://127.0.0.1:${port}`
+  const refused = await openStream(base, '/api/events/stream')
+  t.equal(refused.status, 401)
+  await refused.ended
+  const byQuery = await openStream(base, '/api/events/stream?access_token=token-beta')
+  t.equal(byQuery.status, 200, 'an EventSource passes its token in the query')
+  byQuery.close()
+  const badQuery = await openStream(base, '/api/events/stream?access_token=nope')
+  t.equal(badQuery.status, 401)
+  await badQuery.ended
+  const byHeader = await openStream(base, '/api/events/stream', { authorization: 'Bearer token-alpha' })
+  t.equal(byHeader.status, 200)
+  byHeader.close()
+})
+
+t.test('CORS: off by default; an allowlisted origin gets its headers and the preflight', async (t) => {
+  const closed = await build(t)
+  const plain = await closed.inject({ url: '/api/runs', headers: { origin: 'https://ui.example' } })
+  t.notOk(plain.headers['access-control-allow-origin'], 'no CORS unless configured')
+
+  const app = await build(t, { CORS_ORIGINS: 'https://ui.example, https://other.example' })
+  const preflight = await app.inject({
+    method: 'OPTIONS',
+    url: '/api/events/stream',
+    headers: { origin: 'https://ui.example', 'access-control-request-method': 'GET', 'access-control-request-headers': 'last-event-id' }
+  })
+  t.equal(preflight.statusCode, 204)
+  t.equal(preflight.headers['access-control-allow-origin'], 'https://ui.example')
+  t.match(preflight.headers['access-control-allow-headers'], /Last-Event-ID/i)
+  const allowed = await app.inject({ url: '/api/runs', headers: { origin: 'https://other.example' } })
+  t.equal(allowed.headers['access-control-allow-origin'], 'https://other.example')
+  t.match(allowed.headers['access-control-expose-headers'], /X-Event-Cursor/)
+  const other = await app.inject({ url: '/api/runs', headers: { origin: 'https://evil.example' } })
+  t.notOk(other.headers['access-control-allow-origin'], 'an origin not listed gets nothing')
+
+  const any = await build(t, { CORS_ORIGINS: '*' })
+  t.equal((await any.inject({ url: '/api/runs', headers: { origin: 'https://x.example' } })).headers['access-control-allow-origin'], '*')
+})
+
+t.test('compression: gzip and brotli for JSON above the threshold, never for the stream', async (t) => {
+  const app = await build(t)
+  const plain = await app.inject('/api/runs')
+  t.ok(plain.rawPayload.length > 1024, 'the run list is above the 1 kB threshold')
+  const gzip = await app.inject({ url: '/api/runs', headers: { 'accept-encoding': 'gzip' } })
+  t.equal(gzip.headers['content-encoding'], 'gzip')
+  t.same(JSON.parse(gunzipSync(gzip.rawPayload).toString()), plain.json())
+  const brotli = await app.inject({ url: '/api/runs', headers: { 'accept-encoding': 'br' } })
+  t.equal(brotli.headers['content-encoding'], 'br')
+  t.same(JSON.parse(brotliDecompressSync(brotli.rawPayload).toString()), plain.json())
+  t.equal(brotli.headers['x-event-cursor'], plain.headers['x-event-cursor'], 'headers survive compression')
+  const small = await app.inject({ url: '/health', headers: { 'accept-encoding': 'gzip' } })
+  t.notOk(small.headers['content-encoding'], 'small bodies are sent as they are')
+
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream?after_event_id=0', { 'accept-encoding': 'gzip, br' })
+  t.equal(stream.status, 200)
+  t.notOk(stream.headers['content-encoding'], 'the event stream is never compressed')
+  t.equal(stream.headers['content-type'], 'text/event-stream')
+  stream.close()
+})
+
+t.test('load shedding: a saturated event loop answers 503 at once; liveness still answers', async (t) => {
+  // under-pressure samples the mean event-loop delay every 250 ms: a 1 s
+  // block raises the mean of its sample well past 20 ms.
+  const app = await build(t, { MAX_EVENT_LOOP_DELAY_MS: 20 })
+  const until = Date.now() + 1000
+  while (Date.now() < until) { /* block the event loop, as a stuck request would */ }
+  await new Promise((resolve) => setTimeout(resolve, 20)) // the overdue sample runs first
+  const shed = await app.inject('/api/runs')
+  t.equal(shed.statusCode, 503)
+  t.same(shed.json(), { error: { code: 'unavailable', message: 'the service is overloaded, try again shortly' } })
+  t.equal(shed.headers['retry-after'], '2')
+  t.equal((await app.inject('/health')).statusCode, 200, '/health is never shed')
+})
+
+t.test('shutdown: streams end, in-flight requests finish, late requests get the envelope', async (t) => {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, DB_STATEMENT_TIMEOUT_MS: 10_000 })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream')
+  // A keep-alive connection with a request held in flight (by a lock) across
+  // the start of the shutdown, and a second request sent on it meanwhile.
+  const release = await lockTable('runs')
+  const socket = connect({ port, host: '127.0.0.1' })
+  let received = ''
+  socket.on('data', (chunk) => { received += chunk.toString() })
+  const socketClosed = new Promise((resolve) => socket.on('close', resolve))
+  socket.write('GET /api/runs/run-ops-0 HTTP/1.1\r\nHost: x\r\n\r\n')
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  const closing = app.close()
+  await stream.ended
+  t.pass('the open stream was ended')
+  socket.write('GET /api/runs HTTP/1.1\r\nHost: x\r\n\r\n')
+  await new Promise((resolve) => setTimeout(resolve, 50))
+  await release()
+  await socketClosed
+  await closing
+  const [first, second] = received.split(/(?=HTTP\/1\.1 )/)
+  t.match(first, /^HTTP\/1\.1 200 /, 'the in-flight request finished normally')
+  t.match(first, /"run_id": "run-ops-0"/)
+  t.match(second, /^HTTP\/1\.1 503 /, 'the late request was refused')
+  t.match(second, /connection: close/i)
+  t.match(second, /\{"error":\{"code":"unavailable","message":"the service is shutting down, retry on another instance"\}\}$/)
+})
