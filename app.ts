@@ -67,8 +67,8 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
         socket.destroy()
         return
       }
-      const status = (error as NodeJS.ErrnoException).code === 'HPE_HEADER_OVERFLOW' ? '431 Request Header Fields Too Large' : '400 Bad Request'
-      socket.end(`HTTP/1.1 ${status}\r\nContent-Type: application/json; charset=utf-8\r\n` +
+      // Too large headers or URL included: a 400 with the envelope, like any malformed request.
+      socket.end(`HTTP/1.1 400 Bad Request\r\nContent-Type: application/json; charset=utf-8\r\n` +
         `Content-Length: ${Buffer.byteLength(malformedRequestBody)}\r\nConnection: close\r\n\r\n${malformedRequestBody}`)
     }
   }).withTypeProvider<TypeBoxTypeProvider>()

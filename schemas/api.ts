@@ -1,4 +1,5 @@
 import { Type, type TObject } from 'typebox'
+import { badRequest } from '../errors.js'
 
 /* The request and response shapes of the routes of SPEC section 4. */
 
@@ -17,9 +18,23 @@ export const ThreadParams = Type.Object({ threadID: Id('thread_id of the thread'
 /** Largest page a client may ask for with `limit`. */
 export const MAX_PAGE_LIMIT = 1000
 
+/**
+ * A page size, as digits. Not a number type: Ajv's coercion turns "1e309"
+ * into Infinity and lets it pass as an integer within any maximum.
+ */
+const Limit = (description: string) => Type.String({ pattern: '^[1-9][0-9]{0,3}$', description: `${description}: 1 to ${MAX_PAGE_LIMIT}` })
+
+/** The `limit` query parameter as a number (undefined when absent); beyond MAX_PAGE_LIMIT is a 400. */
+export function parseLimit (text: string | undefined): number | undefined {
+  if (text === undefined) return undefined
+  const limit = Number(text)
+  if (limit > MAX_PAGE_LIMIT) throw badRequest(`limit must be between 1 and ${MAX_PAGE_LIMIT}`)
+  return limit
+}
+
 /** Optional keyset paging (CONTRACT section 3); the next page's URL is in the `Link` header. */
 export const PageQuery = Type.Object({
-  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_PAGE_LIMIT, description: 'Page size' })),
+  limit: Type.Optional(Limit('Page size')),
   cursor: Type.Optional(Type.String({
     minLength: 1,
     maxLength: 512,
@@ -70,14 +85,12 @@ export const StreamQuery = Type.Object({
   access_token: Type.Optional(Type.String({ description: 'A bearer token, for clients that cannot send headers (a browser EventSource); only when API_TOKENS is set. Never logged.' }))
 })
 
-/** Largest page of GET /api/events. */
-export const MAX_EVENTS_LIMIT = 1000
 export const DEFAULT_EVENTS_LIMIT = 100
 
 export const EventsQuery = Type.Object({
   after_event_id: Type.Optional(EventCursor),
   ...eventFilters,
-  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_EVENTS_LIMIT, description: `Page size, ${DEFAULT_EVENTS_LIMIT} by default` }))
+  limit: Type.Optional(Limit(`Page size, ${DEFAULT_EVENTS_LIMIT} by default`))
 })
 
 /** An error response: always the envelope; `description` says when it happens. */

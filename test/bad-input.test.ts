@@ -95,6 +95,6 @@ t.test('HTTP-level garbage gets the envelope from the parser hook', async (t) =>
   t.match(garbage, /^HTTP\/1\.1 400 /)
   t.match(garbage, /\{"error":\{"code":"bad_request","message":"malformed HTTP request"\}\}$/)
   const huge = await exchange(`GET /api/runs?q=${'a'.repeat(70_000)} HTTP/1.1\r\nHost: x\r\n\r\n`)
-  t.match(huge, /^HTTP\/1\.1 431 /)
+  t.match(huge, /^HTTP\/1\.1 400 /)
   t.match(huge, /"code":"bad_request"/)
 })

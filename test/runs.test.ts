@@ -168,7 +168,8 @@ t.test('unknown runs answer 404 not_found on every run route', async (t) => {
 t.test('bad paging parameters answer 400 bad_request', async (t) => {
   const app = await build(t)
   const bad = [
-    'limit=0', 'limit=1001', 'limit=abc', 'limit=1.5', 'limit=-1', 'limit=1&limit=2', 'limit=99999999999999999999',
+    'limit=0', 'limit=1001', 'limit=9999', 'limit=abc', 'limit=1.5', 'limit=-1', 'limit=1&limit=2', 'limit=99999999999999999999',
+    'limit=1e309', 'limit=1e3', 'limit=Infinity', 'limit=%2B5', 'limit=05',
     'cursor=', 'cursor=%00', 'cursor=not*base64', 'cursor=zzzz', 'cursor=e30', // {} is not a cursor
     `cursor=${Buffer.from('["yesterday","x"]').toString('base64url')}`,
     `cursor=${Buffer.from('["2026-13-45T99:99:99.000000Z","x"]').toString('base64url')}`,

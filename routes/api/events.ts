@@ -3,7 +3,7 @@ import { Type } from 'typebox'
 import { eventsAfter, latestEventId, listEvents, type EventFilter, type StoredEvent } from '../../db/events.js'
 import { badRequest } from '../../errors.js'
 import { Subscriber, type SubscriberOptions } from '../../plugins/app/events/subscriber.js'
-import { commonErrors, DEFAULT_EVENTS_LIMIT, EventsQuery, StreamQuery } from '../../schemas/api.js'
+import { commonErrors, DEFAULT_EVENTS_LIMIT, EventsQuery, parseLimit, StreamQuery } from '../../schemas/api.js'
 
 /** Events read per catch-up query of a stream that resumes from an older cursor. */
 export const CATCH_UP_PAGE_SIZE = 500
@@ -96,7 +96,8 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
       response: { 200: Type.Ref('EventList', { description: 'A page of events' }), ...commonErrors }
     }
   }, async (request, reply) => {
-    const { after_event_id: after, limit = DEFAULT_EVENTS_LIMIT } = request.query
+    const { after_event_id: after } = request.query
+    const limit = parseLimit(request.query.limit) ?? DEFAULT_EVENTS_LIMIT
     const page = await listEvents(app.db, after === undefined ? 0 : parseCursor(after, 'after_event_id'), toFilter(request.query), limit)
     return reply.header('x-event-cursor', page.cursor).sendRawJson(page.body)
   })

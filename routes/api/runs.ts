@@ -3,7 +3,7 @@ import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify'
 import { Type } from 'typebox'
 import { getRunDetail, listBlockedTasks, listRunTasks, listRuns, type PageKey, type PagedBody } from '../../db/queries.js'
 import { badRequest, notFound } from '../../errors.js'
-import { commonErrors, notFoundErrors, PageQuery, RunParams } from '../../schemas/api.js'
+import { commonErrors, notFoundErrors, PageQuery, parseLimit, RunParams } from '../../schemas/api.js'
 
 // ---- keyset paging (CONTRACT section 3) -----------------------------------
 
@@ -79,7 +79,7 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
       response: { 200: Type.Ref('RunList', { description: 'The runs, newest first' }), ...commonErrors }
     }
   }, async (request, reply) => {
-    const limit = request.query.limit ?? RUN_LIST_DEFAULT_LIMIT
+    const limit = parseLimit(request.query.limit) ?? RUN_LIST_DEFAULT_LIMIT
     const after = request.query.cursor === undefined ? undefined : decodeCursor(request.query.cursor)
     return sendPage(request, reply, await listRuns(app.db, { limit, after }), limit)
   })
@@ -111,7 +111,8 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
       response: { 200: Type.Ref('TaskList', { description: 'The run\'s tasks' }), ...notFoundErrors }
     }
   }, async (request, reply) => {
-    const { limit, cursor } = request.query
+    const { cursor } = request.query
+    const limit = parseLimit(request.query.limit)
     const after = cursor === undefined ? undefined : decodeCursor(cursor)
     const page = await listRunTasks(app.db, request.params.runID, { limit, after })
     if (page === undefined) throw notFound('run')
