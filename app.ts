@@ -51,6 +51,12 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
     genReqId: requestIdOf,
     // Answered by plugins/app/shutdown.ts, with the envelope.
     return503OnClosing: false,
+    // Slow or silent clients: the whole request must arrive within
+    // REQUEST_TIMEOUT_MS, and a socket silent both ways for
+    // CONNECTION_TIMEOUT_MS is closed (an idle event stream writes a
+    // keep-alive more often than that).
+    requestTimeout: config.REQUEST_TIMEOUT_MS,
+    connectionTimeout: config.CONNECTION_TIMEOUT_MS,
     routerOptions: {
       maxParamLength: MAX_ID_LENGTH,
       ignoreTrailingSlash: true

@@ -25,6 +25,9 @@ export const ConfigSchema = Type.Object({
   SSE_SLOW_CLIENT_TIMEOUT_MS: Type.Integer({ default: 30_000, minimum: 100, maximum: 3_600_000 }),
   LOG_FORMAT: Type.Enum(['auto', 'json', 'pretty'], { default: 'auto' }),
   SHUTDOWN_GRACE_MS: Type.Integer({ default: 10_000, minimum: 0, maximum: 600_000 }),
+  SSE_MAX_STREAMS: Type.Integer({ default: 10_000, minimum: 1, maximum: 1_000_000 }),
+  REQUEST_TIMEOUT_MS: Type.Integer({ default: 30_000, minimum: 1000, maximum: 3_600_000 }),
+  CONNECTION_TIMEOUT_MS: Type.Integer({ default: 120_000, minimum: 1000, maximum: 3_600_000 }),
   API_TOKENS: Type.String({ default: '' }),
   CORS_ORIGINS: Type.String({ default: '' }),
   COMPRESS_MIN_BYTES: Type.Integer({ default: 1024, minimum: 0 }),
@@ -49,11 +52,17 @@ export class ConfigError extends Error {
  * ConfigError whose message names the variable (e.g. `env/PORT must be <= 65535`).
  */
 export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
+  let config: Config
   try {
     // An empty variable (`PORT=` in a compose file) means "use the default".
     const data = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value !== ''))
-    return envSchema<Config>({ schema: structuredClone(ConfigSchema), data, env: false, dotenv: false })
+    config = envSchema<Config>({ schema: structuredClone(ConfigSchema), data, env: false, dotenv: false })
   } catch (err) {
     throw new ConfigError(`invalid configuration: ${(err as Error).message}`)
   }
+  // An idle stream writes a keep-alive every SSE_KEEPALIVE_MS: the idle-socket timeout must be longer.
+  if (config.CONNECTION_TIMEOUT_MS <= config.SSE_KEEPALIVE_MS) {
+    throw new ConfigError('invalid configuration: CONNECTION_TIMEOUT_MS must be greater than SSE_KEEPALIVE_MS, or idle event streams would be cut')
+  }
+  return config
 }

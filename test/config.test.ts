@@ -21,6 +21,9 @@ t.test('defaults', async (t) => {
     SSE_SLOW_CLIENT_TIMEOUT_MS: 30000,
     LOG_FORMAT: 'auto',
     SHUTDOWN_GRACE_MS: 10000,
+    SSE_MAX_STREAMS: 10000,
+    REQUEST_TIMEOUT_MS: 30000,
+    CONNECTION_TIMEOUT_MS: 120000,
     API_TOKENS: '',
     CORS_ORIGINS: '',
     COMPRESS_MIN_BYTES: 1024,
@@ -53,7 +56,8 @@ t.test('a bad or missing value is refused, naming the variable', async (t) => {
     [{ DATABASE_URL: url, DB_STATEMENT_TIMEOUT_MS: '-5' }, /DB_STATEMENT_TIMEOUT_MS/],
     [{ DATABASE_URL: url, DB_CONNECT_TIMEOUT_MS: '1.5' }, /DB_CONNECT_TIMEOUT_MS/],
     [{ DATABASE_URL: url, MIGRATE_ON_START: 'perhaps' }, /MIGRATE_ON_START/],
-    [{ DATABASE_URL: url, RUN_LIST_DEFAULT_LIMIT: '5000' }, /RUN_LIST_DEFAULT_LIMIT/]
+    [{ DATABASE_URL: url, RUN_LIST_DEFAULT_LIMIT: '5000' }, /RUN_LIST_DEFAULT_LIMIT/],
+    [{ DATABASE_URL: url, CONNECTION_TIMEOUT_MS: '10000', SSE_KEEPALIVE_MS: '15000' }, /CONNECTION_TIMEOUT_MS must be greater than SSE_KEEPALIVE_MS/]
   ]
   for (const [env, pattern] of cases) {
     t.throws(() => loadConfig(env), ConfigError, JSON.stringify(env))

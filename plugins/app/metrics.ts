@@ -46,6 +46,12 @@ export default fp(async function metricsPlugin (app) {
     collect () { this.set(events.size) }
   })
   new Gauge({ // eslint-disable-line no-new
+    name: 'event_streams_buffered_bytes',
+    help: 'Bytes written to event streams and not yet taken by their clients',
+    registers,
+    collect () { this.set(events.bufferedBytes) }
+  })
+  new Gauge({ // eslint-disable-line no-new
     name: 'event_poller_lag_seconds',
     help: 'Seconds since the event poller last read the events table successfully (-1 before its first read)',
     registers,

@@ -1,7 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
 import { eventsAfter, latestEventId, listEvents, type EventFilter, type StoredEvent } from '../../db/events.js'
-import { badRequest } from '../../errors.js'
+import { ApiError, badRequest } from '../../errors.js'
 import { Subscriber, type SubscriberOptions } from '../../plugins/app/events/subscriber.js'
 import { commonErrors, DEFAULT_EVENTS_LIMIT, EventsQuery, parseLimit, StreamQuery } from '../../schemas/api.js'
 
@@ -24,7 +24,7 @@ function toFilter (query: { run_id?: string, thread_id?: string }): EventFilter 
 }
 
 const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { SSE_MAX_BUFFERED_BYTES, SSE_RETRY_MS, SSE_SLOW_CLIENT_TIMEOUT_MS } = app.config
+  const { SSE_MAX_BUFFERED_BYTES, SSE_MAX_STREAMS, SSE_RETRY_MS, SSE_SLOW_CLIENT_TIMEOUT_MS } = app.config
   const hub = app.events
   const subscriberOptions: SubscriberOptions = {
     readAfter: (afterId, filter) => eventsAfter(app.db, afterId, filter, CATCH_UP_PAGE_SIZE),
@@ -62,6 +62,10 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
       : request.query.after_event_id === undefined ? undefined : parseCursor(request.query.after_event_id, 'after_event_id')
     const filter = toFilter(request.query)
 
+    if (hub.size >= SSE_MAX_STREAMS) {
+      reply.header('retry-after', 5)
+      throw new ApiError('unavailable', `this instance already serves ${SSE_MAX_STREAMS} event streams, retry shortly or on another instance`)
+    }
     await hub.ready()
     const subscriber = new Subscriber(reply.raw, filter, resumeAfter ?? 0, subscriberOptions)
     // Subscribed before reading the table: whatever the hub polls from now

@@ -40,6 +40,13 @@ export class EventHub {
     return this.#subscribers.size
   }
 
+  /** Bytes written to streams and not yet taken by their clients, over all streams. */
+  get bufferedBytes (): number {
+    let total = 0
+    for (const subscriber of this.#subscribers) total += subscriber.response.writableLength
+    return total
+  }
+
   /** The highest event id handed to subscribers (undefined before the first read). */
   get head (): number | undefined {
     return this.#head

@@ -1,0 +1,104 @@
+import { connect, type Socket } from 'node:net'
+import t from 'tap'
+import { build } from './helpers/app.js'
+import { json } from './helpers/fixtures.js'
+import { insertEvents, openStream } from './helpers/sse.js'
+
+// Clients that misbehave cannot hurt the process or the other clients:
+// a cap on streams, non-reading clients, and connect-and-drop churn.
+
+const NON_READERS = 200
+const CHURN = 300
+const BUFFER_BOUND = 32 * 1024
+
+const metric = (text: string, name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1])
+
+t.test('a cap on open streams answers 503 beyond it', async (t) => {
+  const app = await build(t, { SSE_MAX_STREAMS: 3 })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  const url = `http://127.0.0.1:${port}`
+  const open = await Promise.all([1, 2, 3].map(() => openStream(url, '/api/events/stream')))
+  t.ok(open.every((stream) => stream.status === 200))
+  const refused = await openStream(url, '/api/events/stream')
+  t.equal(refused.status, 503)
+  t.equal(refused.headers['retry-after'], '5')
+  await refused.ended
+  t.equal(JSON.parse(refused.body).error.code, 'unavailable')
+  open[0]!.close()
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  const again = await openStream(url, '/api/events/stream')
+  t.equal(again.status, 200, 'a slot freed is a slot available')
+  for (const stream of [...open, again]) stream.close()
+})
+
+t.test('hundreds of non-reading clients and connect/drop churn: bounded, no leaks, others unaffected', async (t) => {
+  const warnings: string[] = []
+  const onWarning = (warning: Error) => { warnings.push(warning.name) }
+  process.on('warning', onWarning)
+  t.teardown(() => { process.off('warning', onWarning) })
+
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, SSE_MAX_BUFFERED_BYTES: BUFFER_BOUND, SSE_SLOW_CLIENT_TIMEOUT_MS: 1500 })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  const url = `http://127.0.0.1:${port}`
+  const [base] = await insertEvents({ event_type: 'base' })
+  const reader = await openStream(url, `/api/events/stream?after_event_id=${base}`)
+  t.teardown(reader.close)
+
+  // Clients that send their request and never read a byte.
+  const stalled: Socket[] = []
+  for (let i = 0; i < NON_READERS; i++) {
+    const socket = connect({ port, host: '127.0.0.1' })
+    socket.on('error', () => {})
+    socket.pause()
+    socket.write(`GET /api/events/stream?after_event_id=${base} HTTP/1.1\r\nHost: x\r\n\r\n`)
+    stalled.push(socket)
+  }
+  // Clients that connect and drop at once, over and over, while events flow.
+  const churn = (async () => {
+    for (let i = 0; i < CHURN; i++) {
+      const socket = connect({ port, host: '127.0.0.1' })
+      socket.on('error', () => {})
+      socket.write(`GET /api/events/stream${i % 2 === 0 ? '' : '?run_id=churn'} HTTP/1.1\r\nHost: x\r\n\r\n`)
+      await new Promise((resolve) => setTimeout(resolve, i % 3))
+      socket.destroy()
+    }
+  })()
+
+  const payload = json({ blob: 'y'.repeat(20_000) })
+  const written: number[] = []
+  let maxBuffered = 0
+  for (let batch = 0; batch < 20; batch++) {
+    written.push(...await insertEvents(...Array.from({ length: 5 }, () => ({ payload }))))
+    await new Promise((resolve) => setTimeout(resolve, 40))
+    maxBuffered = Math.max(maxBuffered, app.events.bufferedBytes)
+  }
+  await churn
+
+  await reader.waitFor((s) => s.events().length >= written.length, 20_000)
+  t.same(reader.events().map((event) => event.event_id), written, `the reading client got all ${written.length} events, once each, in order`)
+
+  // Memory: what waits in the process for the non-readers stays within the bound.
+  const perClientBound = BUFFER_BOUND + 25_000 // the bound, plus the event that crossed it
+  t.ok(maxBuffered <= (NON_READERS + 1) * perClientBound, `at most ${maxBuffered} bytes buffered for ${NON_READERS} non-readers`)
+
+  // (Those still within the bound, their bytes held by the kernel, are
+  // still connected; one past it is cut off after SSE_SLOW_CLIENT_TIMEOUT_MS,
+  // as events-lifecycle.test.ts shows.) When they go, nothing stays behind.
+  const settle = Date.now() + 2000 // the last churned connections' closes are still in flight
+  while (app.events.size > NON_READERS + 1 && Date.now() < settle) await new Promise((resolve) => setTimeout(resolve, 20))
+  const during = metric((await app.inject('/metrics')).body, 'event_streams_open')
+  t.ok(during <= NON_READERS + 1, `${during} streams open while the non-readers hang on; none left from the churn`)
+  for (const socket of stalled) socket.destroy()
+  const deadline = Date.now() + 5000
+  while (app.events.size > 1 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50))
+  const metrics = (await app.inject('/metrics')).body
+  t.equal(metric(metrics, 'event_streams_open'), 1, 'only the reader is left, counted through /metrics')
+  t.ok(metric(metrics, 'event_streams_buffered_bytes') < perClientBound, 'and nothing is left buffered for the others')
+  t.same(warnings.filter((name) => name === 'MaxListenersExceededWarning'), [], 'no listener leak warning')
+  t.same((await app.inject('/health')).json(), { status: 'ok' })
+  const [after] = await insertEvents({ summary: 'after the storm' })
+  await reader.waitFor((s) => s.events().some((event) => event.event_id === after))
+  t.pass('the reader still receives')
+})
