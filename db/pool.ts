@@ -25,7 +25,7 @@ const CLIENT_TIMEOUT_MARGIN_MS = 1000
  * are read in UTC.
  */
 export function createReadPool (options: ReadPoolOptions): pg.Pool {
-  return new pg.Pool({
+  const pool = new pg.Pool({
     connectionString: options.connectionString,
     max: options.max,
     connectionTimeoutMillis: options.connectTimeoutMs,
@@ -40,6 +40,12 @@ export function createReadPool (options: ReadPoolOptions): pg.Pool {
       '-c TimeZone=UTC'
     ].join(' ')
   })
+  // pg-pool listens for errors only on idle clients: a connection that dies
+  // while checked out (a server crash mid-query) would emit an unhandled
+  // 'error' and take the process down. The failing query rejects anyway,
+  // and the request answers 503; this listener only keeps the process up.
+  pool.on('connect', (client) => { client.on('error', () => {}) })
+  return pool
 }
 
 export function createDb (pool: pg.Pool): Kysely<Database> {
