@@ -10,6 +10,7 @@ COPY db ./db
 COPY plugins ./plugins
 COPY routes ./routes
 COPY schemas ./schemas
+COPY ui ./ui
 RUN npm run build && npm prune --omit=dev
 
 FROM node:24-bookworm-slim
@@ -18,6 +19,7 @@ WORKDIR /app
 COPY --from=build /app/package.json ./
 COPY --from=build /app/node_modules ./node_modules
 COPY --from=build /app/dist ./dist
+COPY --from=build /app/ui ./ui
 USER node
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \

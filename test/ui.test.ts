@@ -1,0 +1,158 @@
+import { existsSync, mkdirSync } from 'node:fs'
+import { dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import type { FastifyInstance } from 'fastify'
+import { chromium, type Browser, type Page } from 'playwright-core'
+import t, { type Test } from 'tap'
+import { build } from './helpers/app.js'
+import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
+import { insertEvents } from './helpers/sse.js'
+
+// The web UI in a real browser (Debian's chromium, driven by playwright-core):
+// pages render, reflect committed changes live, and recover from a restart.
+// Screenshots of each page land in artifacts/ui/ (not committed).
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..')
+const CHROMIUM = process.env.CHROMIUM_BIN ?? '/usr/bin/chromium'
+const screenshots = join(root, 'artifacts', 'ui')
+const LIVE_WITHIN_MS = 2000
+
+t.before(() => insertGraph({
+  runs: [makeRun({ run_id: 'run-ui', goal: 'Migrate billing to the new ledger', summary: 'Port the invoicing jobs' }), makeRun({ run_id: 'run-other', goal: 'Another run' })],
+  tasks: [
+    makeTask({ run_id: 'run-ui', task_id: 'task-schema', title: 'Write the ledger schema', status: 'done' }),
+    makeTask({ run_id: 'run-ui', task_id: 'task-backfill', title: 'Backfill March invoices', status: 'running', default_to: 'carol' }),
+    makeTask({ run_id: 'run-ui', task_id: 'task-rounding', title: 'Decide JPY rounding', status: 'blocked', latest_attempt_no: 1 })
+  ],
+  task_attempts: [makeAttempt({ run_id: 'run-ui', task_id: 'task-rounding', thread_id: 'thread-ui', assigned_to: 'bob' })],
+  threads: [makeThread({ run_id: 'run-ui', task_id: 'task-rounding', thread_id: 'thread-ui', subject: 'Rounding of JPY invoices' })],
+  messages: [makeMessage({ thread_id: 'thread-ui', message_id: 'msg-q', kind: 'question', from_agent: 'bob', summary: 'Which rounding for JPY invoices?', body: 'Line level or invoice level?', payload_json: json({ options: ['line', 'invoice'] }) })],
+  artifacts: [makeArtifact({ message_id: 'msg-q', path: 'notes/rounding.md' })]
+}))
+
+async function serve (t: Test, port = 0): Promise<{ app: FastifyInstance, url: string, port: number }> {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50, SSE_RETRY_MS: 300 })
+  await app.listen({ port, host: '127.0.0.1' })
+  const address = app.server.address() as { port: number }
+  return { app, url: `http://127.0.0.1:${address.port}`, port: address.port }
+}
+
+let browser: Browser | undefined
+async function openPage (t: Test, url: string): Promise<Page> {
+  if (!existsSync(CHROMIUM)) throw new Error(`chromium not found at ${CHROMIUM}: apt-get install chromium (or set CHROMIUM_BIN)`)
+  browser ??= await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run', '--disable-sync']
+  })
+  const page = await browser.newPage({ viewport: { width: 1100, height: 900 } })
+  const errors: string[] = []
+  page.on('pageerror', (error) => errors.push(error.message))
+  t.teardown(async () => {
+    await page.close()
+    if (errors.length > 0) throw new Error(`script errors on the page: ${errors.join('; ')}`)
+  })
+  await page.goto(url)
+  await page.locator('.live.is-live').waitFor({ timeout: 5000 })
+  return page
+}
+t.teardown(async () => { await browser?.close() })
+
+async function screenshot (page: Page, name: string) {
+  mkdirSync(screenshots, { recursive: true })
+  await page.screenshot({ path: join(screenshots, `${name}.png`), fullPage: true })
+}
+
+/** Commits a change and its event in one transaction, as an orchestrator does. */
+async function commitTaskStatus (taskId: string, status: string) {
+  const db = await writer()
+  await db.transaction().execute(async (trx) => {
+    await trx.updateTable('tasks').set({ status, updated_at: new Date() }).where('run_id', '=', 'run-ui').where('task_id', '=', taskId).execute()
+    await trx.insertInto('events').values({ event_type: `task_${status}`, run_id: 'run-ui', task_id: taskId }).execute()
+  })
+}
+
+t.test('the runs list: every run with its counts, linking to its detail', async (t) => {
+  const { url } = await serve(t)
+  const page = await openPage(t, `${url}/`)
+  await page.locator('tr[data-run="run-ui"]').waitFor()
+  const row = page.locator('tr[data-run="run-ui"]')
+  t.match(await row.textContent(), /Migrate billing to the new ledger/)
+  t.match(await row.locator('.legend').textContent(), /1 blocked · 1 done · 1 running/)
+  await screenshot(page, 'runs')
+  await row.locator('a').click()
+  await page.locator('h1', { hasText: 'Migrate billing' }).waitFor()
+  t.match(page.url(), /#\/runs\/run-ui$/, 'the address reflects the page')
+  await page.goBack()
+  await page.locator('tr[data-run="run-ui"]').waitFor()
+  t.pass('back returns to the list')
+})
+
+t.test('the run detail reflects a committed status change within 2 s, without reload; blocked tasks show their question', async (t) => {
+  const { url } = await serve(t)
+  const page = await openPage(t, `${url}/#/runs/run-ui`)
+  const backfill = page.locator('tr[data-task="task-backfill"] .task-status')
+  t.equal(await backfill.textContent(), 'running')
+  const blocked = page.locator('[data-blocked="task-rounding"]')
+  t.match(await blocked.textContent(), /Question: Which rounding for JPY invoices\?/)
+  t.match(await blocked.textContent(), /Attempt 1, assigned to bob/)
+  t.match(await blocked.textContent(), /notes\/rounding\.md/)
+  await screenshot(page, 'run-detail')
+
+  const navigations: string[] = []
+  page.on('framenavigated', (frame) => navigations.push(frame.url()))
+  const started = Date.now()
+  await commitTaskStatus('task-backfill', 'done')
+  await page.locator('tr[data-task="task-backfill"] .task-status', { hasText: 'done' }).waitFor({ timeout: LIVE_WITHIN_MS })
+  t.ok(Date.now() - started <= LIVE_WITHIN_MS, `shown after ${Date.now() - started} ms`)
+  t.match(await page.locator('.legend').first().textContent(), /2 done/)
+  t.same(navigations, [], 'no reload')
+})
+
+t.test('the thread timeline shows a new message within 2 s', async (t) => {
+  const { url } = await serve(t)
+  const page = await openPage(t, `${url}/#/threads/thread-ui`)
+  t.equal(await page.locator('[data-message]').count(), 1)
+  const db = await writer()
+  const started = Date.now()
+  await db.transaction().execute(async (trx) => {
+    await trx.insertInto('messages').values(makeMessage({ thread_id: 'thread-ui', message_id: 'msg-answer', kind: 'answer', from_agent: 'orchestrator', to_agent: 'bob', summary: 'Round at the invoice level' })).execute()
+    await trx.insertInto('events').values({ event_type: 'thread_reply', run_id: 'run-ui', task_id: 'task-rounding', thread_id: 'thread-ui' }).execute()
+  })
+  await page.locator('[data-message="msg-answer"]', { hasText: 'Round at the invoice level' }).waitFor({ timeout: LIVE_WITHIN_MS })
+  t.ok(Date.now() - started <= LIVE_WITHIN_MS, `shown after ${Date.now() - started} ms`)
+  const payload = page.locator('[data-message="msg-q"] details', { has: page.locator('summary', { hasText: 'payload' }) })
+  await payload.locator('summary').click()
+  t.ok(await payload.locator('pre').isVisible(), 'the payload expands')
+  t.match(await payload.locator('pre').textContent(), /"invoice"/)
+  await screenshot(page, 'thread')
+})
+
+t.test('the page recovers after the service restarts', async (t) => {
+  const first = await serve(t)
+  const page = await openPage(t, `${first.url}/#/runs/run-ui`)
+  await first.app.close()
+  await page.locator('.live:not(.is-live)').waitFor({ timeout: 5000 })
+  t.match(await page.locator('.live').textContent(), /Reconnecting|Offline/, 'it says it is not live')
+  // A change committed while the service is down, then the service returns on the same port.
+  await commitTaskStatus('task-schema', 'failed')
+  await serve(t, first.port)
+  await page.locator('.live.is-live').waitFor({ timeout: 10_000 })
+  await page.locator('tr[data-task="task-schema"] .task-status', { hasText: 'failed' }).waitFor({ timeout: LIVE_WITHIN_MS })
+  t.pass('live again, and it caught up on the change made while it was away')
+  await commitTaskStatus('task-schema', 'done')
+  await page.locator('tr[data-task="task-schema"] .task-status', { hasText: 'done' }).waitFor({ timeout: LIVE_WITHIN_MS })
+  t.pass('and follows new changes')
+  const [other] = await insertEvents({ run_id: 'run-other' })
+  t.ok(other, 'events of other runs do not disturb it')
+})
+
+t.test('the UI files are served with their types; / is the page', async (t) => {
+  const { app } = await serve(t)
+  const index = await app.inject('/')
+  t.equal(index.statusCode, 200)
+  t.match(index.headers['content-type'], /^text\/html/)
+  t.match(index.body, /<script type="module" src="\/ui\/app.js">/)
+  t.match((await app.inject('/ui/app.js')).headers['content-type'], /^text\/javascript/)
+  t.match((await app.inject('/ui/style.css')).headers['content-type'], /^text\/css/)
+  t.ok((await app.inject('/')).headers['content-security-policy'], 'with a content security policy')
+})
