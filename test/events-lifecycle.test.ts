@@ -7,6 +7,7 @@ import { build } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
 import { insertGraph, json, lockTable, makeRun, makeThread } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
+import { waitUntil } from './helpers/wait.js'
 
 // Streams end, and are freed, whatever the client does; plus the JSON page
 // and the X-Event-Cursor of reads.
@@ -16,14 +17,6 @@ async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: 
   await app.listen({ port: 0, host: '127.0.0.1' })
   const { port } = app.server.address() as { port: number }
   return { app, url: `http://127.0.0.1:${port}`, port }
-}
-
-const until = async (condition: () => boolean, timeoutMs = 5000) => {
-  const deadline = Date.now() + timeoutMs
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error('condition not met in time')
-    await new Promise((resolve) => setTimeout(resolve, 10))
-  }
 }
 
 t.before(() => insertGraph({
@@ -39,9 +32,9 @@ t.test('a client that disconnects is freed at once', async (t) => {
     openStream(url, '/api/events/stream?thread_id=thread-l'),
     openStream(url, '/api/events/stream?after_event_id=0')
   ])
-  await until(() => app.events.size === 4)
+  await waitUntil(() => app.events.size === 4, 'app.events.size === 4')
   for (const stream of streams) stream.close()
-  await until(() => app.events.size === 0, 2000)
+  await waitUntil(() => app.events.size === 0, 'app.events.size === 0', 2000)
   t.equal(app.events.size, 0, 'no subscriber left registered')
   await insertEvents({ run_id: 'run-l' })
   await new Promise((resolve) => setTimeout(resolve, 100))
@@ -58,7 +51,7 @@ t.test('a client that does not read is cut off at the bound, then disconnected; 
   stalled.on('error', () => {})
   stalled.pause()
   stalled.write('GET /api/events/stream?run_id=run-slow HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n')
-  await until(() => app.events.size === 2)
+  await waitUntil(() => app.events.size === 2, 'app.events.size === 2')
   let closed = false
   stalled.on('close', () => { closed = true })
   const big = json({ blob: 'x'.repeat(100_000) })
@@ -67,10 +60,10 @@ t.test('a client that does not read is cut off at the bound, then disconnected; 
     written.push(...await insertEvents(...Array.from({ length: 10 }, () => ({ run_id: 'run-slow', payload: big }))))
     await new Promise((resolve) => setTimeout(resolve, 50))
   }
-  await until(() => app.events.size === 1, 5000)
+  await waitUntil(() => app.events.size === 1, 'app.events.size === 1', 5000)
   t.equal(app.events.size, 1, 'the stalled subscriber was disconnected and freed')
   stalled.resume() // let the socket see its end
-  await until(() => closed, 5000)
+  await waitUntil(() => closed, 'closed', 5000)
   t.ok(closed, 'its connection was closed')
   written.push(...await insertEvents({ run_id: 'run-slow' }))
   await reader.waitFor((s) => s.events().length >= written.length, 15_000)
@@ -86,7 +79,7 @@ t.test('shutdown ends every open stream cleanly', async (t) => {
     openStream(`http://127.0.0.1:${port}`, '/api/events/stream'),
     openStream(`http://127.0.0.1:${port}`, '/api/events/stream?run_id=run-l&after_event_id=0')
   ])
-  await until(() => app.events.size === 2)
+  await waitUntil(() => app.events.size === 2, 'app.events.size === 2')
   const started = Date.now()
   await app.close()
   await Promise.all(streams.map((stream) => stream.ended))

@@ -4,6 +4,7 @@ import t from 'tap'
 import { migrateToLatest } from '../db/migrate.js'
 import { build } from './helpers/app.js'
 import { ownCluster } from './helpers/cluster.js'
+import { waitUntil } from './helpers/wait.js'
 
 // The database goes away under load, and comes back: reads answer 503
 // within the timeout, /ready says 503, /health stays 200, nothing crashes;
@@ -51,14 +52,7 @@ t.test('a database outage under load, and the recovery', async (t) => {
   all.onmessage = (message) => { received.all.push(JSON.parse(message.data).event_id) }
   run.onmessage = (message) => { received.run.push(JSON.parse(message.data).event_id) }
   const before = [...await writeEvents(5, 'run-x'), ...await writeEvents(3, 'other')]
-  const waitFor = async (done: () => boolean, ms = 15_000) => {
-    const deadline = Date.now() + ms
-    while (!done()) {
-      if (Date.now() > deadline) throw new Error(`timed out: ${JSON.stringify(received)}`)
-      await new Promise((resolve) => setTimeout(resolve, 25))
-    }
-  }
-  await waitFor(() => received.all.length === before.length)
+  await waitUntil(() => received.all.length === before.length, 'the first events', 15_000)
 
   // Load: a steady stream of reads, before, during and after the outage.
   const statuses = new Map<number, number>()
@@ -92,11 +86,11 @@ t.test('a database outage under load, and the recovery', async (t) => {
   t.ok(Number(/^event_poller_lag_seconds (\S+)$/m.exec(metrics)?.[1]) > 1, 'the poller lag shows the outage')
 
   cluster.start()
-  await waitFor(() => statuses.get(200)! > 0 && received.all.length >= before.length + lastBefore.length)
+  await waitUntil(() => statuses.get(200)! > 0 && received.all.length >= before.length + lastBefore.length, 'the recovery', 15_000)
   const after = await writeEvents(4, 'run-x')
   const expectedAll = [...before, ...lastBefore, ...after]
   const expectedRun = expectedAll.filter((id) => !before.slice(5).includes(id))
-  await waitFor(() => received.all.length >= expectedAll.length && received.run.length >= expectedRun.length)
+  await waitUntil(() => received.all.length >= expectedAll.length && received.run.length >= expectedRun.length, 'every event at both subscribers', 15_000)
   loading = false
   await load
 

@@ -1,6 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, chmodSync } from 'node:fs'
-import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -8,6 +7,7 @@ import { EventSource } from 'eventsource'
 import t from 'tap'
 import { testDatabaseUrl } from './helpers/database.js'
 import { insertEvents } from './helpers/sse.js'
+import { freePort, sleep, waitUntil } from './helpers/wait.js'
 
 // Three replicas behind Debian's nginx, with the config shipped in
 // deploy/nginx: one replica is killed while clients stream through the
@@ -18,23 +18,6 @@ const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 const NGINX = process.env.NGINX_BIN ?? '/usr/sbin/nginx'
 const REPLICAS = 3
 const CLIENTS = 6
-
-function freePort (): Promise<number> {
-  return new Promise((resolve) => {
-    const server = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number }
-      server.close(() => resolve(port))
-    })
-  })
-}
-
-async function waitFor (done: () => boolean | Promise<boolean>, what: string, ms = 30_000) {
-  const deadline = Date.now() + ms
-  while (!await done()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await new Promise((resolve) => setTimeout(resolve, 50))
-  }
-}
 
 const answers = async (url: string) => {
   try { return (await fetch(url)).ok } catch { return false }
@@ -56,7 +39,7 @@ t.test('a replica dies under streaming clients: every event arrives once, in ord
     replicas.push({ port, process: child })
   }
   t.teardown(() => { for (const replica of replicas) replica.process.kill('SIGKILL') })
-  await waitFor(async () => (await Promise.all(replicas.map((replica) => answers(`http://127.0.0.1:${replica.port}/ready`)))).every(Boolean), 'the replicas')
+  await waitUntil(async () => (await Promise.all(replicas.map((replica) => answers(`http://127.0.0.1:${replica.port}/ready`)))).every(Boolean), 'the replicas', 30_000)
 
   // nginx, with the shipped config, in a directory of its own.
   const dir = mkdtempSync(join(tmpdir(), 'ocp-nginx-'))
@@ -86,7 +69,7 @@ http {
   const nginx = spawn(NGINX, ['-p', dir, '-c', join(dir, 'nginx.conf')], { stdio: ['ignore', 'ignore', 'inherit'] })
   t.teardown(() => { nginx.kill('SIGTERM'); rmSync(dir, { recursive: true, force: true }) })
   const lb = `http://127.0.0.1:${lbPort}`
-  await waitFor(() => answers(`${lb}/health`), 'nginx')
+  await waitUntil(() => answers(`${lb}/health`), 'nginx', 30_000)
 
   // Clients stream through the proxy: half unfiltered, half for one run.
   const [base] = await insertEvents({ event_type: 'base' })
@@ -99,7 +82,7 @@ http {
     return client
   })
   t.teardown(() => { for (const client of clients) client.source.close() })
-  await waitFor(() => clients.every((client) => client.opens === 1), 'the clients to connect')
+  await waitUntil(() => clients.every((client) => client.opens === 1), 'the clients to connect', 30_000)
 
   // A writer commits events steadily; one replica is killed in the middle.
   const written: Array<{ id: number, run: string }> = []
@@ -108,16 +91,16 @@ http {
       const run = i % 3 === 0 ? 'other-run' : 'so-run'
       const [id] = await insertEvents({ run_id: run, summary: `event ${i}` })
       written.push({ id: id!, run })
-      await new Promise((resolve) => setTimeout(resolve, 25))
+      await sleep(25)
     }
   })()
-  await new Promise((resolve) => setTimeout(resolve, 500))
+  await sleep(500)
   replicas[0]!.process.kill('SIGKILL')
   await writing
 
   const all = written.map((event) => event.id)
   const forRun = written.filter((event) => event.run === 'so-run').map((event) => event.id)
-  await waitFor(() => clients.every((client) => client.received.length >= (client.filtered ? forRun : all).length), 'every event at every client')
+  await waitUntil(() => clients.every((client) => client.received.length >= (client.filtered ? forRun : all).length), 'every event at every client', 30_000)
   for (const [i, client] of clients.entries()) {
     t.same(client.received, client.filtered ? forRun : all, `client ${i} (${client.filtered ? 'run filter' : 'unfiltered'}): every event once, in order`)
   }

@@ -1,9 +1,9 @@
 import { execFileSync } from 'node:child_process'
 import { chownSync, existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs'
-import { createServer } from 'node:net'
 import { tmpdir, userInfo } from 'node:os'
 import { join } from 'node:path'
 import type { Test } from 'tap'
+import { freePort } from './wait.js'
 
 /*
  * A Postgres server of the test's own, in a temporary directory, that the
@@ -21,15 +21,6 @@ function serverBinaries (): string {
     if (existsSync(join(dir, 'initdb'))) return dir
   }
   throw new Error('no Postgres server binaries (initdb, pg_ctl) found: install postgresql, or set PG_BINDIR')
-}
-
-function freePort (): Promise<number> {
-  return new Promise((resolve) => {
-    const server = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number }
-      server.close(() => resolve(port))
-    })
-  })
 }
 
 export interface Cluster {

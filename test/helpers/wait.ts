@@ -1,0 +1,24 @@
+import { createServer } from 'node:net'
+
+/* Small waiting helpers shared by the tests that run real servers. */
+
+export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
+
+/** Polls `done` until it holds, or fails after `timeoutMs` saying what it waited for. */
+export async function waitUntil (done: () => boolean | Promise<boolean>, what: string, timeoutMs = 5000): Promise<void> {
+  const deadline = Date.now() + timeoutMs
+  while (!await done()) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)
+    await sleep(20)
+  }
+}
+
+/** A TCP port free on loopback right now. */
+export function freePort (): Promise<number> {
+  return new Promise((resolve) => {
+    const server = createServer().listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as { port: number }
+      server.close(() => resolve(port))
+    })
+  })
+}
