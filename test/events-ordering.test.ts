@@ -40,9 +40,11 @@ t.test('a second event writer waits for the first to commit, so ids commit in or
   }
 })
 
-t.test('control: without the trigger, a naive event_id > cursor reader skips a late commit', async (t) => {
+t.test('control: with a plain identity-style default, a naive event_id > cursor reader skips a late commit', async (t) => {
   const admin = await client()
+  // What an identity column does: draw the id as a default, before any trigger, outside any lock.
   await admin.query('alter table events disable trigger events_assign_ordered_id')
+  await admin.query(`alter table events alter column event_id set default nextval('events_event_id_seq')`)
   try {
     const first = await client()
     const second = await client()
@@ -59,21 +61,25 @@ t.test('control: without the trigger, a naive event_id > cursor reader skips a l
     await first.end()
     await second.end()
   } finally {
+    await admin.query('alter table events alter column event_id drop default')
     await admin.query('alter table events enable trigger events_assign_ordered_id')
     await admin.end()
   }
 })
 
-t.test('an explicit id above the log is kept, and later defaults stay above it', async (t) => {
+t.test('explicit ids (fixtures) are kept as given; later drawn ids stay above them', async (t) => {
   const db = await client()
   const top = Number((await db.query('select coalesce(max(event_id), 0) as id from events')).rows[0].id)
   const explicit = top + 1000
   const kept = await db.query('insert into events (event_id, event_type) values ($1, $2) returning event_id', [explicit, 'fixture'])
   t.equal(Number(kept.rows[0].event_id), explicit)
   const next = await db.query(`insert into events (event_type) values ('after') returning event_id`)
-  t.ok(Number(next.rows[0].event_id) > explicit)
-  const low = await db.query('insert into events (event_id, event_type) values ($1, $2) returning event_id', [top + 1, 'too-low'])
-  t.ok(Number(low.rows[0].event_id) > explicit, 'an explicit id below the committed maximum is replaced, never out of order')
+  t.ok(Number(next.rows[0].event_id) > explicit, 'a drawn id continues above it')
+  const low = await db.query('insert into events (event_id, event_type) values ($1, $2) returning event_id', [top + 1, 'below'])
+  t.equal(Number(low.rows[0].event_id), top + 1, 'an explicit id below the sequence is kept too')
+  await t.rejects(db.query('insert into events (event_id, event_type) values ($1, $2)', [explicit, 'again']), { code: '23505' }, 'a duplicate is a primary-key violation, as ever')
+  const idempotent = await db.query('insert into events (event_id, event_type) values ($1, $2) on conflict (event_id) do nothing returning event_id', [explicit, 'again'])
+  t.equal(idempotent.rowCount, 0, 'so ON CONFLICT DO NOTHING makes fixture loading idempotent')
   await db.end()
 })
 

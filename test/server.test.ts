@@ -56,8 +56,8 @@ t.test('a failing migration is reported by name, and rolls back', async (t) => {
   const url = await emptyDatabase(t, 'migrate_fail')
   const client = new pg.Client({ connectionString: url })
   await client.connect()
-  await client.query('create table runs (x int)') // in the way of 0001
-  await t.rejects(migrateToLatest(url), /^migration 0001_control_plane_schema failed: relation "runs" already exists/)
+  await client.query('create table runs (x int)') // a "runs" that is not ours: 0001 cannot index it
+  await t.rejects(migrateToLatest(url), /^migration 0001_control_plane_schema failed: column "created_at" does not exist/)
   const tables = await client.query(`select count(*)::int as n from pg_tables where tablename = 'tasks'`)
   t.equal(tables.rows[0].n, 0, 'nothing of the failed migration remains')
   await client.end()

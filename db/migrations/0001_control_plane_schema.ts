@@ -6,7 +6,7 @@ import { sql, type Kysely } from 'kysely'
 export async function up (db: Kysely<any>): Promise<void> {
   const now = sql`now()`
 
-  await db.schema.createTable('runs')
+  await db.schema.createTable('runs').ifNotExists()
     .addColumn('run_id', 'text', (col) => col.primaryKey())
     .addColumn('goal', 'text', (col) => col.notNull())
     .addColumn('summary', 'text', (col) => col.notNull())
@@ -15,10 +15,10 @@ export async function up (db: Kysely<any>): Promise<void> {
     .addColumn('updated_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
     .execute()
   // listRuns: newest first, keyset-paged.
-  await db.schema.createIndex('runs_created_at_run_id_idx').on('runs')
+  await db.schema.createIndex('runs_created_at_run_id_idx').ifNotExists().on('runs')
     .columns(['created_at desc', 'run_id desc']).execute()
 
-  await db.schema.createTable('tasks')
+  await db.schema.createTable('tasks').ifNotExists()
     .addColumn('run_id', 'text', (col) => col.notNull().references('runs.run_id'))
     .addColumn('task_id', 'text', (col) => col.notNull())
     .addColumn('title', 'text', (col) => col.notNull())
@@ -33,12 +33,12 @@ export async function up (db: Kysely<any>): Promise<void> {
     .addPrimaryKeyConstraint('tasks_pkey', ['run_id', 'task_id'])
     .execute()
   // A run's tasks in list order, and its per-status counts (index-only).
-  await db.schema.createIndex('tasks_run_created_at_task_idx').on('tasks')
+  await db.schema.createIndex('tasks_run_created_at_task_idx').ifNotExists().on('tasks')
     .columns(['run_id', 'created_at', 'task_id']).execute()
-  await db.schema.createIndex('tasks_run_status_idx').on('tasks')
+  await db.schema.createIndex('tasks_run_status_idx').ifNotExists().on('tasks')
     .columns(['run_id', 'status']).execute()
 
-  await db.schema.createTable('task_attempts')
+  await db.schema.createTable('task_attempts').ifNotExists()
     .addColumn('run_id', 'text', (col) => col.notNull())
     .addColumn('task_id', 'text', (col) => col.notNull())
     .addColumn('attempt_no', 'integer', (col) => col.notNull())
@@ -57,7 +57,7 @@ export async function up (db: Kysely<any>): Promise<void> {
     .addForeignKeyConstraint('task_attempts_task_fkey', ['run_id', 'task_id'], 'tasks', ['run_id', 'task_id'])
     .execute()
 
-  await db.schema.createTable('threads')
+  await db.schema.createTable('threads').ifNotExists()
     .addColumn('thread_id', 'text', (col) => col.primaryKey())
     .addColumn('run_id', 'text', (col) => col.notNull())
     .addColumn('task_id', 'text', (col) => col.notNull())
@@ -70,10 +70,10 @@ export async function up (db: Kysely<any>): Promise<void> {
     .addColumn('created_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
     .addColumn('updated_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
     .execute()
-  await db.schema.createIndex('threads_run_task_idx').on('threads')
+  await db.schema.createIndex('threads_run_task_idx').ifNotExists().on('threads')
     .columns(['run_id', 'task_id']).execute()
 
-  await db.schema.createTable('messages')
+  await db.schema.createTable('messages').ifNotExists()
     .addColumn('message_id', 'text', (col) => col.primaryKey())
     .addColumn('thread_id', 'text', (col) => col.notNull().references('threads.thread_id'))
     .addColumn('from_agent', 'text', (col) => col.notNull())
@@ -85,12 +85,12 @@ export async function up (db: Kysely<any>): Promise<void> {
     .addColumn('created_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
     .execute()
   // A thread's timeline in order; and the newest message of a kind (the blocking question).
-  await db.schema.createIndex('messages_thread_created_at_idx').on('messages')
+  await db.schema.createIndex('messages_thread_created_at_idx').ifNotExists().on('messages')
     .columns(['thread_id', 'created_at', 'message_id']).execute()
-  await db.schema.createIndex('messages_thread_kind_newest_idx').on('messages')
+  await db.schema.createIndex('messages_thread_kind_newest_idx').ifNotExists().on('messages')
     .columns(['thread_id', 'kind', 'created_at desc', 'message_id desc']).execute()
 
-  await db.schema.createTable('artifacts')
+  await db.schema.createTable('artifacts').ifNotExists()
     .addColumn('artifact_id', 'text', (col) => col.primaryKey())
     .addColumn('message_id', 'text', (col) => col.notNull().references('messages.message_id'))
     .addColumn('path', 'text', (col) => col.notNull())
@@ -98,10 +98,10 @@ export async function up (db: Kysely<any>): Promise<void> {
     .addColumn('metadata_json', 'jsonb', (col) => col.notNull())
     .addColumn('created_at', 'timestamptz', (col) => col.notNull().defaultTo(now))
     .execute()
-  await db.schema.createIndex('artifacts_message_created_at_idx').on('artifacts')
+  await db.schema.createIndex('artifacts_message_created_at_idx').ifNotExists().on('artifacts')
     .columns(['message_id', 'created_at', 'artifact_id']).execute()
 
-  await db.schema.createTable('events')
+  await db.schema.createTable('events').ifNotExists()
     .addColumn('event_id', 'bigint', (col) => col.primaryKey().generatedByDefaultAsIdentity())
     .addColumn('event_type', 'text', (col) => col.notNull())
     .addColumn('run_id', 'text', (col) => col.notNull().defaultTo(''))
