@@ -1,0 +1,39 @@
+#!/usr/bin/env node
+import pg from 'pg'
+import { pathToFileURL } from 'node:url'
+import { FixtureError, loadFixtureFile } from './fixtures.js'
+import { migrateToLatest } from './migrate.js'
+import { createDb } from './pool.js'
+
+/**
+ * `npm run seed -- <file.json>`: migrates DATABASE_URL, then loads the
+ * fixture in one transaction (idempotently; a bad fixture writes nothing
+ * and is reported by the path of its problem). Exit 1 on failure.
+ */
+export async function seed (databaseUrl: string, file: string): Promise<string> {
+  await migrateToLatest(databaseUrl)
+  const pool = new pg.Pool({ connectionString: databaseUrl, max: 1, application_name: 'ocp-seed' })
+  const db = createDb(pool)
+  try {
+    const { inserted } = await loadFixtureFile(db, file)
+    const counts = Object.entries(inserted).filter(([, count]) => count > 0).map(([table, count]) => `${count} ${table}`).join(', ')
+    return `seed: loaded ${file}: ${counts || 'nothing new'}`
+  } finally {
+    await db.destroy()
+  }
+}
+
+/* c8 ignore start: the command-line entry, exercised through seed() and by npm run seed in the tests */
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  const [file] = process.argv.slice(2)
+  const url = process.env.DATABASE_URL
+  if (file === undefined || url === undefined || url === '') {
+    console.error('usage: DATABASE_URL=postgres://... npm run seed -- <fixture.json>')
+    process.exit(2)
+  }
+  seed(url, file).then((message) => console.log(message), (err: unknown) => {
+    console.error(err instanceof FixtureError ? `seed: refused, nothing written: ${err.message}` : `seed: ${(err as Error).message}`)
+    process.exit(1)
+  })
+}
+/* c8 ignore stop */
