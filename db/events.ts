@@ -22,26 +22,36 @@ export interface StoredEvent {
   json: string
 }
 
-/** The envelope of row `e`, as JSON text (no newline: JSON escapes them). */
-const envelope = sql<string>`(${rowObject(Event, 'e')})::text`
+/** The envelope of row `e` as jsonb (rows of a page), and as JSON text (no newline: JSON escapes them). */
+const envelope = rowObject(Event, 'e')
+const envelopeText = sql<string>`(${envelope})::text`
 
-/** The stream's current end: the highest event id committed (0 when there is none). */
-export async function latestEventId (db: Db): Promise<number> {
-  const row = await db.selectFrom('events')
-    .select(sql<string>`coalesce(max(event_id), 0)`.as('id'))
-    .executeTakeFirstOrThrow()
-  return Number(row.id)
-}
+/**
+ * The stream's current end in the statement's snapshot: the highest event
+ * id committed (0 when there is none). Event ids commit in order
+ * (migration 0002), so every event up to it is visible to that snapshot.
+ */
+export const streamEnd = sql<string>`(select coalesce(max(event_id), 0) from events)::text`
 
-/** Up to `limit` events after `afterId` that match `filter`, in ascending id order. */
-export async function eventsAfter (db: Db, afterId: number, filter: EventFilter, limit: number): Promise<StoredEvent[]> {
-  const rows = await db.selectFrom('events as e')
-    .select(['e.event_id', 'e.run_id', 'e.thread_id', envelope.as('json')])
+/** Events `e` after `afterId` that match `filter`, the first `limit` of them in ascending id order. */
+function matchingAfter (db: Db, afterId: number, filter: EventFilter, limit: number) {
+  return db.selectFrom('events as e')
     .where('e.event_id', '>', String(afterId))
     .$if(filter.runId !== undefined, (query) => query.where('e.run_id', '=', filter.runId!))
     .$if(filter.threadId !== undefined, (query) => query.where('e.thread_id', '=', filter.threadId!))
     .orderBy('e.event_id')
     .limit(limit)
+}
+
+export async function latestEventId (db: Db): Promise<number> {
+  const row = await db.selectNoFrom(streamEnd.as('id')).executeTakeFirstOrThrow()
+  return Number(row.id)
+}
+
+/** Up to `limit` events after `afterId` that match `filter`, in ascending id order. */
+export async function eventsAfter (db: Db, afterId: number, filter: EventFilter, limit: number): Promise<StoredEvent[]> {
+  const rows = await matchingAfter(db, afterId, filter, limit)
+    .select(['e.event_id', 'e.run_id', 'e.thread_id', envelopeText.as('json')])
     .execute()
   return rows.map((row) => ({ id: Number(row.event_id), runId: row.run_id, threadId: row.thread_id, json: row.json }))
 }
@@ -54,18 +64,12 @@ export interface EventPage {
 
 /** listEvents: a JSON page {events: [...]} and its resume cursor, from one snapshot. */
 export async function listEvents (db: Db, afterId: number, filter: EventFilter, limit: number): Promise<EventPage> {
-  const page = db.selectFrom('events as e')
-    .select(['e.event_id', sql<unknown>`${rowObject(Event, 'e')}`.as('item')])
-    .where('e.event_id', '>', String(afterId))
-    .$if(filter.runId !== undefined, (query) => query.where('e.run_id', '=', filter.runId!))
-    .$if(filter.threadId !== undefined, (query) => query.where('e.thread_id', '=', filter.threadId!))
-    .orderBy('e.event_id')
-    .limit(limit)
+  const page = matchingAfter(db, afterId, filter, limit).select(['e.event_id', envelope.as('item')])
   const row = await db.selectFrom(page.as('p'))
     .select([
       sql<string>`json_build_object('events', coalesce(json_agg(p.item order by p.event_id), '[]'::json))::text`.as('body'),
       sql<string>`case when count(*) = ${limit} then max(p.event_id)
-        else greatest(${String(afterId)}::bigint, (select coalesce(max(event_id), 0) from events)) end::text`.as('cursor')
+        else greatest(${String(afterId)}::bigint, ${streamEnd}::bigint) end::text`.as('cursor')
     ])
     .executeTakeFirstOrThrow()
   return row

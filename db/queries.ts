@@ -1,5 +1,6 @@
 import { sql, type Expression, type ExpressionBuilder, type Kysely } from 'kysely'
 import * as Resource from '../schemas/resources.js'
+import { streamEnd } from './events.js'
 import { jsonArray, rowObject, utcTimestamp } from './json.js'
 import type { Database } from './schema.js'
 
@@ -43,12 +44,8 @@ export interface BlockedBody extends ReadBody {
   leftOut: string[]
 }
 
-/**
- * The stream position of the statement's snapshot. Event ids commit in
- * order (migration 0002), so every event up to it is visible here, and a
- * client that subscribes after it misses nothing that happened since.
- */
-const eventCursor = sql<string>`(select coalesce(max(event_id), 0) from events)::text`.as('event_cursor')
+/** The stream position of the statement's snapshot: subscribing after it misses nothing since. */
+const eventCursor = streamEnd.as('event_cursor')
 
 /** LIMIT for "no limit": larger than any table, and still a valid bigint. */
 const UNBOUNDED = Number.MAX_SAFE_INTEGER
