@@ -33,6 +33,8 @@ export class ApiError extends Error {
 }
 
 export const notFound = (what: string) => new ApiError('not_found', `${what} not found`)
+/** Load shedding (plugins/external/under-pressure.ts), and any 503 from the framework. */
+export const overloaded = new ApiError('unavailable', 'the service is overloaded, try again shortly')
 export const badRequest = (message: string) => new ApiError('bad_request', message)
 
 /** SQLSTATE classes and codes that mean "the database cannot serve now", not "the request is wrong". */
@@ -101,8 +103,6 @@ export function toApiError (err: unknown): ApiError {
       : 'bad request'
     return new ApiError(statusCode === 401 ? 'unauthorized' : 'bad_request', text, statusCode)
   }
-  if (typeof statusCode === 'number' && statusCode === 503) {
-    return new ApiError('unavailable', 'the service is overloaded, try again shortly')
-  }
+  if (typeof statusCode === 'number' && statusCode === 503) return overloaded
   return new ApiError('internal', 'internal server error')
 }

@@ -1,5 +1,6 @@
 import fp from 'fastify-plugin'
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client'
+import { routeOf } from './request-log.js'
 
 declare module 'fastify' {
   interface FastifyInstance {
@@ -65,7 +66,7 @@ export default fp(async function metricsPlugin (app) {
   })
 
   app.addHook('onResponse', async (request, reply) => {
-    const labels = { method: request.method, route: request.routeOptions.url ?? 'unmatched', status_code: String(reply.statusCode) }
+    const labels = { method: request.method, route: routeOf(request), status_code: String(reply.statusCode) }
     requests.inc(labels)
     durations.observe(labels, reply.elapsedTime / 1000)
   })

@@ -17,7 +17,8 @@ export function loggableUrl (url: string): string {
   return url.replace(/([?&]access_token=)[^&#]*/gi, '$1[redacted]')
 }
 
-const routeOf = (request: FastifyRequest) => request.routeOptions.url ?? 'unmatched'
+/** The route a request matched, as its pattern (`/api/runs/:runID`), or `unmatched`: for logs and metrics. */
+export const routeOf = (request: FastifyRequest) => request.routeOptions.url ?? 'unmatched'
 
 /**
  * One log line per request, when its response is done (for a stream: when

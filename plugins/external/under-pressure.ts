@@ -1,7 +1,7 @@
 import underPressure from '@fastify/under-pressure'
 import fp from 'fastify-plugin'
 import { getHeapStatistics } from 'node:v8'
-import { ApiError } from '../../errors.js'
+import { overloaded } from '../../errors.js'
 
 /** Routes that answer even under pressure: liveness, readiness, and the metrics that explain it. */
 const ALWAYS_ANSWERED = new Set(['/health', '/ready', '/metrics'])
@@ -17,7 +17,6 @@ const RETRY_AFTER_SECONDS = 2
  */
 export default fp(async function underPressurePlugin (app) {
   const { MAX_EVENT_LOOP_DELAY_MS, MAX_HEAP_USED_BYTES, MAX_RSS_BYTES } = app.config
-  const overloaded = new ApiError('unavailable', 'the service is overloaded, try again shortly')
   await app.register(underPressure, {
     maxEventLoopDelay: MAX_EVENT_LOOP_DELAY_MS,
     maxHeapUsedBytes: MAX_HEAP_USED_BYTES || Math.floor(getHeapStatistics().heap_size_limit * 0.9),
