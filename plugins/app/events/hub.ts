@@ -30,7 +30,8 @@ export class EventHub {
   #failing = false
   #lastPollAt = 0
   readonly #subscribers = new Set<Subscriber>()
-  readonly #unfiltered = new Set<Subscriber>()
+  /** Unfiltered subscribers, all under the key ''. */
+  readonly #unfiltered = new Map<string, Set<Subscriber>>()
   readonly #byRun = new Map<string, Set<Subscriber>>()
   readonly #byThread = new Map<string, Set<Subscriber>>()
 
@@ -85,19 +86,27 @@ export class EventHub {
 
   subscribe (subscriber: Subscriber): void {
     this.#subscribers.add(subscriber)
-    const { runId, threadId } = subscriber.filter
-    if (runId !== undefined) addTo(this.#byRun, runId, subscriber)
-    else if (threadId !== undefined) addTo(this.#byThread, threadId, subscriber)
-    else this.#unfiltered.add(subscriber)
+    const { index, key } = this.#indexOf(subscriber)
+    let set = index.get(key)
+    if (set === undefined) index.set(key, set = new Set())
+    set.add(subscriber)
   }
 
   /** Idempotent: a stream may be released by its close and by a failed start alike. */
   unsubscribe (subscriber: Subscriber): void {
     if (!this.#subscribers.delete(subscriber)) return
+    const { index, key } = this.#indexOf(subscriber)
+    const set = index.get(key)!
+    set.delete(subscriber)
+    if (set.size === 0) index.delete(key)
+  }
+
+  /** Where a subscriber is found by fan-out: by its run, else by its thread, else among the unfiltered. */
+  #indexOf (subscriber: Subscriber): { index: Map<string, Set<Subscriber>>, key: string } {
     const { runId, threadId } = subscriber.filter
-    if (runId !== undefined) removeFrom(this.#byRun, runId, subscriber)
-    else if (threadId !== undefined) removeFrom(this.#byThread, threadId, subscriber)
-    else this.#unfiltered.delete(subscriber)
+    if (runId !== undefined) return { index: this.#byRun, key: runId }
+    if (threadId !== undefined) return { index: this.#byThread, key: threadId }
+    return { index: this.#unfiltered, key: '' }
   }
 
   /** Reads and hands out every event committed since the head. */
@@ -119,7 +128,8 @@ export class EventHub {
   }
 
   #fanOut (event: StoredEvent): void {
-    for (const subscriber of this.#unfiltered) subscriber.offer(event)
+    const unfiltered = this.#unfiltered.get('')
+    if (unfiltered !== undefined) for (const subscriber of unfiltered) subscriber.offer(event)
     const byRun = this.#byRun.get(event.runId)
     if (byRun !== undefined) for (const subscriber of byRun) if (subscriber.matches(event)) subscriber.offer(event)
     const byThread = this.#byThread.get(event.threadId)
@@ -144,16 +154,4 @@ export class EventHub {
     this.sweep(Date.now())
     this.#schedule()
   }
-}
-
-function addTo<K> (index: Map<K, Set<Subscriber>>, key: K, subscriber: Subscriber) {
-  let set = index.get(key)
-  if (set === undefined) index.set(key, set = new Set())
-  set.add(subscriber)
-}
-
-function removeFrom<K> (index: Map<K, Set<Subscriber>>, key: K, subscriber: Subscriber) {
-  const set = index.get(key)!
-  set.delete(subscriber)
-  if (set.size === 0) index.delete(key)
 }
