@@ -15,6 +15,21 @@ const Id = (description: string) => Type.String({ minLength: 1, pattern: '^[^\\u
 export const RunParams = Type.Object({ runID: Id('run_id of the run') })
 export const ThreadParams = Type.Object({ threadID: Id('thread_id of the thread') })
 
+/** An event id as a client writes it: digits, at most 16 of them. */
+const EVENT_CURSOR_PATTERN = '^[0-9]{1,16}$'
+const eventCursorDigits = new RegExp(EVENT_CURSOR_PATTERN)
+
+/**
+ * A client's cursor (after_event_id, or the Last-Event-ID header, which no
+ * schema checks) as a number; anything but a non-negative integer event id
+ * within 2^53 is a 400 naming the parameter.
+ */
+export function parseCursor (text: string, name: string): number {
+  const value = eventCursorDigits.test(text) ? Number(text) : Number.NaN
+  if (!Number.isSafeInteger(value)) throw badRequest(`${name} must be a non-negative integer event_id`)
+  return value
+}
+
 /** Largest page a client may ask for with `limit`. */
 export const MAX_PAGE_LIMIT = 1000
 
@@ -70,7 +85,7 @@ export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, T
 
 /** An event id given by a client: a non-negative integer, as text. */
 export const EventCursor = Type.String({
-  pattern: '^[0-9]{1,16}$',
+  pattern: EVENT_CURSOR_PATTERN,
   description: 'An event_id: the stream resumes after it (0 replays from the first event)'
 })
 

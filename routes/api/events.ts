@@ -1,19 +1,12 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
 import { eventsAfter, latestEventId, listEvents, type EventFilter, type StoredEvent } from '../../db/events.js'
-import { ApiError, badRequest } from '../../errors.js'
+import { ApiError } from '../../errors.js'
 import { Subscriber, type SubscriberOptions } from '../../plugins/app/events/subscriber.js'
-import { commonErrors, DEFAULT_EVENTS_LIMIT, EventsQuery, parseLimit, StreamQuery } from '../../schemas/api.js'
+import { commonErrors, DEFAULT_EVENTS_LIMIT, EventsQuery, parseCursor, parseLimit, StreamQuery } from '../../schemas/api.js'
 
 /** Events read per catch-up query of a stream that resumes from an older cursor. */
 export const CATCH_UP_PAGE_SIZE = 500
-
-/** A client's cursor (after_event_id or Last-Event-ID): a non-negative integer. */
-function parseCursor (text: string, name: string): number {
-  const value = /^[0-9]{1,16}$/.test(text) ? Number(text) : Number.NaN
-  if (!Number.isSafeInteger(value)) throw badRequest(`${name} must be a non-negative integer event_id`)
-  return value
-}
 
 /** Empty filters mean "no filter": `?run_id=` is what a UI sends before it knows the run. */
 function toFilter (query: { run_id?: string, thread_id?: string }): EventFilter {
