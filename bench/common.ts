@@ -1,0 +1,102 @@
+/*
+ * What the benchmarks share: the scales, the bench databases, the marker
+ * that records what a database holds, and small process helpers.
+ */
+import { createServer } from 'node:net'
+import { dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import pg from 'pg'
+
+export const root = join(dirname(fileURLToPath(import.meta.url)), '..')
+
+export interface Scale {
+  runs: number
+  tasks: number
+  events: number
+}
+
+/**
+ * The scales of issue 7. Threads, messages and artifacts follow from the
+ * tasks (see bench/generate.ts for the shape).
+ */
+export const SCALES = {
+  small: { runs: 1_000, tasks: 20_000, events: 100_000 },
+  large: { runs: 50_000, tasks: 1_000_000, events: 5_000_000 }
+} satisfies Record<string, Scale>
+
+export type ScaleName = keyof typeof SCALES
+
+export function isScaleName (name: string): name is ScaleName {
+  return Object.hasOwn(SCALES, name)
+}
+
+/** The ids the HTTP benchmark reads: the same shape at every scale. */
+export interface Targets {
+  /** A run of 10 tasks (2 blocked). */
+  run10: string
+  /** A run of 200 tasks (10 blocked, each with its attempt and question). */
+  run200: string
+  /** A thread of 200 messages (with artifacts), the latest attempt of a blocked task of run200. */
+  thread200: string
+}
+
+/** What a bench database holds: written by bench/generate.ts once it has finished. */
+export interface Marker {
+  scale: ScaleName
+  seed: number
+  version: number
+  counts: Record<string, number>
+  targets: Targets
+  seconds: number
+  generated_at: string
+}
+
+export function adminUrl (): string {
+  const url = process.env.DATABASE_URL
+  if (url === undefined || url === '') {
+    console.error('bench: set DATABASE_URL to the server\'s admin URL (e.g. postgres://postgres@127.0.0.1:5432/postgres); the bench databases are created beside it')
+    process.exit(2)
+  }
+  return url
+}
+
+export const defaultDatabaseFor = (scale: ScaleName) => `ocp_bench_${scale}`
+
+/** The URL of database `name` on the server of `url`. */
+export function withDatabase (url: string, name: string): string {
+  const parsed = new URL(url)
+  parsed.pathname = `/${name}`
+  return parsed.toString()
+}
+
+/** The marker of a bench database, or undefined when it is missing, empty or unfinished. */
+export async function readMarker (url: string): Promise<Marker | undefined> {
+  const client = new pg.Client({ connectionString: url })
+  try {
+    await client.connect()
+  } catch {
+    return undefined
+  }
+  try {
+    const exists = await client.query("select to_regclass('bench.marker') is not null as present")
+    if (exists.rows[0].present !== true) return undefined
+    const result = await client.query('select scale, seed, version, counts, targets, seconds::float8 as seconds, generated_at::text from bench.marker')
+    return result.rows[0] as Marker | undefined
+  } finally {
+    await client.end()
+  }
+}
+
+export const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+export function freePort (): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer().listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as { port: number }
+      server.close(() => resolve(port))
+    })
+    server.on('error', reject)
+  })
+}
+
+export const formatInt = (n: number) => Math.round(n).toLocaleString('en-US')
