@@ -1,0 +1,115 @@
+/*
+ * The plans of the hot statements (bench/sql), at one or both scales:
+ * EXPLAIN (ANALYZE, BUFFERS) of each, run the way the service runs it (the
+ * statement with its parameters, planned for their values), after a
+ * warm-up run so that the buffers are those of a warm cache.
+ *
+ *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run bench:explain -- --scale both
+ *   ... npm run bench:explain -- --scale large --only run200 --costs     (one plan, with the planner's estimates)
+ *
+ * Prints each plan, then a table: planning and execution time, buffers
+ * touched, and the largest number of rows any scan node read, which must
+ * not grow with the scale (no statement may scan a whole table).
+ */
+import { parseArgs } from 'node:util'
+import pg from 'pg'
+import { adminUrl, defaultDatabaseFor, formatInt, isScaleName, readMarker, withDatabase, type ScaleName, type Targets } from './common.js'
+import { generate } from './generate.js'
+import { readFloorStatement, STATEMENTS, writeFloorStatements } from './sql.js'
+
+const { values: args } = parseArgs({
+  options: {
+    scale: { type: 'string', default: 'small' },
+    only: { type: 'string' },
+    costs: { type: 'boolean', default: false },
+    quiet: { type: 'boolean', default: false }
+  }
+})
+const scales = args.scale === 'both' ? ['small', 'large'] : [args.scale]
+if (!scales.every(isScaleName)) {
+  console.error('usage: npm run bench:explain -- [--scale small|large|both] [--only runs,run10,run200,blocked,thread] [--costs] [--quiet]')
+  process.exit(2)
+}
+
+interface Case { key: string, label: string, file: string, variables: (targets: Targets) => Record<string, string> }
+
+const CASES: Case[] = [
+  { key: 'runs', label: 'listRuns (default page)', file: STATEMENTS.listRuns!.file, variables: STATEMENTS.listRuns!.variables },
+  { key: 'run10', label: 'getRunDetail (10 tasks)', file: STATEMENTS.getRunDetail!.file, variables: (targets) => ({ ...STATEMENTS.getRunDetail!.variables(targets), run_id: targets.run10 }) },
+  { key: 'run200', label: 'getRunDetail (200 tasks)', file: STATEMENTS.getRunDetail!.file, variables: STATEMENTS.getRunDetail!.variables },
+  { key: 'blocked', label: 'listBlockedTasks (200 tasks)', file: STATEMENTS.listBlockedTasks!.file, variables: STATEMENTS.listBlockedTasks!.variables },
+  { key: 'thread', label: 'getThreadDetail (200 messages)', file: STATEMENTS.getThreadDetail!.file, variables: STATEMENTS.getThreadDetail!.variables }
+]
+const only = args.only === undefined ? undefined : new Set(args.only.split(','))
+
+interface PlanNode {
+  'Node Type': string
+  'Relation Name'?: string
+  'Index Name'?: string
+  'Actual Rows'?: number
+  'Actual Loops'?: number
+  'Rows Removed by Filter'?: number
+  Plans?: PlanNode[]
+}
+
+/** Rows read by the scan nodes of a plan, the largest of them, and any sequential scan. */
+function scans (node: PlanNode, found: { largest: number, where: string, seqScans: string[] }) {
+  if (node['Node Type'].includes('Scan') && node['Relation Name'] !== undefined) {
+    const rows = ((node['Actual Rows'] ?? 0) + (node['Rows Removed by Filter'] ?? 0)) * (node['Actual Loops'] ?? 1)
+    if (rows > found.largest) { found.largest = rows; found.where = `${node['Node Type']} on ${node['Relation Name']}${node['Index Name'] ? ` (${node['Index Name']})` : ''}` }
+    if (node['Node Type'] === 'Seq Scan') found.seqScans.push(node['Relation Name'])
+  }
+  for (const child of node.Plans ?? []) scans(child, found)
+  return found
+}
+
+async function explainScale (scale: ScaleName): Promise<string[][]> {
+  const database = defaultDatabaseFor(scale)
+  const url = withDatabase(adminUrl(), database)
+  const marker = (await readMarker(url)) ?? await generate({ scale, database, seed: 1, force: false })
+  await writeFloorStatements(url, marker.targets)
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  await client.query('set TimeZone = UTC')
+  const rows: string[][] = []
+  try {
+    for (const item of CASES.filter((candidate) => only === undefined || only.has(candidate.key))) {
+      const { text, values } = readFloorStatement(item.file, item.variables(marker.targets))
+      await client.query(text, values)
+      const options = `analyze, buffers${args.costs ? '' : ', costs off'}`
+      const plan = await client.query(`explain (${options}) ${text}`, values)
+      const json = await client.query(`explain (analyze, buffers, format json) ${text}`, values)
+      const summary = json.rows[0]['QUERY PLAN'][0] as { Plan: PlanNode & { 'Shared Hit Blocks': number, 'Shared Read Blocks': number }, 'Planning Time': number, 'Execution Time': number }
+      const found = scans(summary.Plan, { largest: 0, where: '', seqScans: [] })
+      if (!args.quiet) {
+        console.log(`\n#### ${item.label}, scale ${scale} (bench/sql/${item.file}, ${Object.entries(item.variables(marker.targets)).map(([name, value]) => `${name}=${value}`).join(' ')})\n`)
+        console.log('```')
+        console.log(plan.rows.map((row) => row['QUERY PLAN']).join('\n'))
+        console.log('```')
+      }
+      rows.push([
+        item.label, scale,
+        summary['Planning Time'].toFixed(2), summary['Execution Time'].toFixed(2),
+        formatInt(summary.Plan['Shared Hit Blocks'] + summary.Plan['Shared Read Blocks']),
+        `${formatInt(found.largest)} (${found.where})`,
+        found.seqScans.length === 0 ? 'none' : found.seqScans.join(', ')
+      ])
+    }
+  } finally {
+    await client.end()
+  }
+  return rows
+}
+
+async function main () {
+  const rows: string[][] = []
+  for (const scale of scales as ScaleName[]) rows.push(...await explainScale(scale))
+  console.log('\n| statement | scale | planning ms | execution ms | buffers | most rows read by one scan node | sequential scans |')
+  console.log('| --- | --- | ---: | ---: | ---: | --- | --- |')
+  for (const row of rows) console.log(`| ${row.join(' | ')} |`)
+}
+
+main().catch((err: unknown) => {
+  console.error(err)
+  process.exit(1)
+})

@@ -1,0 +1,509 @@
+/*
+ * The read endpoints under HTTP load, against the two floors that bound
+ * them, at one or two scales (BENCHMARKS.md, "HTTP reads").
+ *
+ *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run bench:http -- --scale both
+ *   ... npm run bench:http -- --scale small --seconds 10 --connections 10
+ *   ... npm run bench:http -- --scale small --seconds 1 --warmup 1      (CI's smoke run: figures not meaningful)
+ *
+ * For each scale: generates its database when missing (bench/generate.ts),
+ * rewrites bench/sql/*.sql from the service's own statements
+ * (bench/sql.ts), builds and starts the service (node dist/server.js,
+ * LOG_LEVEL info, its log to a file) and a bare node:http server answering
+ * /health's body, checks every body (status 200, valid against the route's
+ * TypeBox schema, the expected sizes, and byte for byte what its bench/sql
+ * statement returns), then, one after the other on loopback with the same
+ * number of connections: autocannon against the bare server, getHealth and
+ * each read; and right after each read, pgbench -M prepared running that
+ * read's statement with as many clients. Every measurement has a warm-up.
+ * Prints requests per second, p50 and p99 latency, the ratio to getHealth
+ * of this very process, the ratio to the statement alone in Postgres, and,
+ * with both scales, the growth of p50 from small to large.
+ */
+import autocannon from 'autocannon'
+import { Ajv2019 } from 'ajv/dist/2019.js'
+import addFormats from 'ajv-formats'
+import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process'
+import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync } from 'node:fs'
+import { cpus, tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { parseArgs } from 'node:util'
+import pg from 'pg'
+import { responseSchemas } from '../schemas/api.js'
+import { resourceSchemas } from '../schemas/resources.js'
+import { adminUrl, defaultDatabaseFor, formatInt, freePort, isScaleName, root, SCALES, sleep, withDatabase, type Marker, type ScaleName, type Targets } from './common.js'
+import { generate } from './generate.js'
+import { readFloorStatement, SQL_DIR, STATEMENTS, writeFloorStatements } from './sql.js'
+
+const { values: args } = parseArgs({
+  options: {
+    scale: { type: 'string', default: 'small' },
+    seconds: { type: 'string', default: '10' },
+    warmup: { type: 'string', default: '2' },
+    connections: { type: 'string', default: '10' },
+    'pgbench-jobs': { type: 'string', default: '2' },
+    only: { type: 'string' },
+    'no-build': { type: 'boolean', default: false },
+    'cpu-prof': { type: 'string' },
+    'pool-max': { type: 'string' }
+  }
+})
+const USAGE = 'usage: npm run bench:http -- [--scale small|large|both] [--seconds N] [--warmup N] [--connections N] [--pgbench-jobs N] [--only bare,bare-headers,health,runs,run10,run200,blocked,thread] [--no-build] [--cpu-prof DIR] [--pool-max N]'
+const scales = args.scale === 'both' ? ['small', 'large'] : [args.scale]
+const seconds = Number(args.seconds)
+const warmup = Number(args.warmup)
+const connections = Number(args.connections)
+const pgbenchJobs = Number(args['pgbench-jobs'])
+if (!scales.every(isScaleName) || ![seconds, warmup, connections, pgbenchJobs].every((n) => Number.isInteger(n) && n >= 1)) {
+  console.error(USAGE)
+  process.exit(2)
+}
+
+// ---- what is measured -------------------------------------------------------
+
+interface Endpoint {
+  key: string
+  label: string
+  path: (targets: Targets) => string
+  /** The response schema its body must match ($id), for the bare server none. */
+  schema?: string
+  /** Checks the body's size, beyond its schema: the same shape at every scale. */
+  check?: (body: any) => string | undefined
+  /** The floor statement (bench/sql) and its variables. */
+  floor?: { file: string, variables: (targets: Targets) => Record<string, string> }
+  /** Whether the issue sets the database-floor target (0.5) for it. */
+  floorTarget?: boolean
+}
+
+const runDetailFloor = (run: keyof Targets) => ({ file: STATEMENTS.getRunDetail!.file, variables: (targets: Targets) => ({ ...STATEMENTS.getRunDetail!.variables(targets), run_id: targets[run] }) })
+
+const ENDPOINTS: Endpoint[] = [
+  { key: 'bare', label: 'bare node:http, same body as /health', path: () => '/health' },
+  { key: 'bare-headers', label: 'bare node:http, same body and headers', path: () => '/health' },
+  { key: 'health', label: 'getHealth', path: () => '/health', schema: 'Health' },
+  {
+    key: 'runs',
+    label: 'listRuns (default page, 1,000 runs)',
+    path: () => '/api/runs',
+    schema: 'RunList',
+    check: (body) => body.runs.length === 1000 ? undefined : `${body.runs.length} runs, expected 1000`,
+    floor: { file: STATEMENTS.listRuns!.file, variables: STATEMENTS.listRuns!.variables },
+    floorTarget: true
+  },
+  {
+    key: 'run10',
+    label: 'getRunDetail (10 tasks)',
+    path: (targets) => `/api/runs/${targets.run10}`,
+    schema: 'RunDetailEnvelope',
+    check: (body) => body.run.tasks.length === 10 && body.run.blocked_tasks.length === 2 ? undefined : 'expected 10 tasks, 2 blocked',
+    floor: runDetailFloor('run10'),
+    floorTarget: true
+  },
+  {
+    key: 'run200',
+    label: 'getRunDetail (200 tasks)',
+    path: (targets) => `/api/runs/${targets.run200}`,
+    schema: 'RunDetailEnvelope',
+    check: (body) => body.run.tasks.length === 200 && body.run.blocked_tasks.length === 10 ? undefined : 'expected 200 tasks, 10 blocked',
+    floor: runDetailFloor('run200'),
+    floorTarget: true
+  },
+  {
+    key: 'blocked',
+    label: 'listBlockedTasks (10 of 200 tasks)',
+    path: (targets) => `/api/runs/${targets.run200}/blocked`,
+    schema: 'BlockedTaskList',
+    check: (body) => body.blocked.length === 10 ? undefined : 'expected 10 blocked tasks',
+    floor: { file: STATEMENTS.listBlockedTasks!.file, variables: STATEMENTS.listBlockedTasks!.variables }
+  },
+  {
+    key: 'thread',
+    label: 'getThreadDetail (200 messages)',
+    path: (targets) => `/api/threads/${encodeURIComponent(targets.thread200)}`,
+    schema: 'ThreadDetailEnvelope',
+    check: (body) => body.thread.messages.length === 200 ? undefined : 'expected 200 messages',
+    floor: { file: STATEMENTS.getThreadDetail!.file, variables: STATEMENTS.getThreadDetail!.variables },
+    floorTarget: true
+  }
+]
+const only = args.only === undefined ? undefined : new Set(args.only.split(','))
+const measured = ENDPOINTS.filter((endpoint) => only === undefined || only.has(endpoint.key))
+if (only !== undefined && measured.length !== only.size) {
+  console.error(USAGE)
+  process.exit(2)
+}
+
+const ajv = new Ajv2019({ allErrors: true, strict: false })
+addFormats.default(ajv)
+for (const schema of [...resourceSchemas, ...responseSchemas]) ajv.addSchema(schema)
+
+// ---- processes ----------------------------------------------------------------
+
+/** The floor of the HTTP stack: node:http answering /health's body, with only the headers it needs, or (BARE_HEADERS) with the service's too. */
+const BARE_SERVER = `
+const body = JSON.stringify({ status: 'ok' })
+const headers = { ...JSON.parse(process.env.BARE_HEADERS || '{}'), 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body) }
+require('node:http').createServer((req, res) => {
+  res.writeHead(200, headers)
+  res.end(body)
+}).listen(Number(process.env.PORT), '127.0.0.1')`
+
+/** The headers of the service's /health response that a bare server can repeat (the request id included, as a constant). */
+async function serviceHeaders (port: number): Promise<Record<string, string>> {
+  const res = await fetch(`http://127.0.0.1:${port}/health`)
+  await res.arrayBuffer()
+  const own = new Set(['date', 'connection', 'keep-alive', 'content-length', 'content-type', 'transfer-encoding'])
+  return Object.fromEntries([...res.headers].filter(([name]) => !own.has(name)))
+}
+
+async function waitFor (url: string, child: ChildProcess, what: string): Promise<void> {
+  for (let attempt = 0; attempt < 300; attempt++) {
+    if (child.exitCode !== null) throw new Error(`${what} exited with code ${child.exitCode}`)
+    try {
+      const res = await fetch(url)
+      await res.arrayBuffer()
+      if (res.ok) return
+    } catch {}
+    await sleep(100)
+  }
+  throw new Error(`${what} did not start`)
+}
+
+async function stop (child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null) return
+  const exited = new Promise((resolve) => child.once('exit', resolve))
+  child.kill('SIGTERM')
+  await Promise.race([exited, sleep(15_000)])
+  if (child.exitCode === null) child.kill('SIGKILL')
+}
+
+/** CPU time (user + system) of a process so far, in seconds, from /proc. */
+function processCpuSeconds (pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')
+  return (Number(fields[11]) + Number(fields[12])) / 100
+}
+
+/** Busy and total jiffies of the whole machine, from /proc/stat. */
+function machineJiffies (): { busy: number, total: number } {
+  const values = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1).map(Number)
+  const total = values.reduce((sum, n) => sum + n, 0)
+  const idle = values[3]! + values[4]!
+  return { busy: total - idle, total }
+}
+
+function cpuMeter (servicePid?: number) {
+  const machine = machineJiffies()
+  const client = process.cpuUsage()
+  const service = servicePid === undefined ? 0 : processCpuSeconds(servicePid)
+  const started = process.hrtime.bigint()
+  return () => {
+    const elapsed = Number(process.hrtime.bigint() - started) / 1e9
+    const machineNow = machineJiffies()
+    const clientNow = process.cpuUsage(client)
+    return {
+      /** Of all cores together: 1 = every core busy. */
+      machine: (machineNow.busy - machine.busy) / (machineNow.total - machine.total),
+      /** In cores. */
+      service: servicePid === undefined ? Number.NaN : (processCpuSeconds(servicePid) - service) / elapsed,
+      client: (clientNow.user + clientNow.system) / 1e6 / elapsed
+    }
+  }
+}
+
+const percentile = (sorted: Float64Array | number[], p: number) =>
+  sorted.length === 0 ? Number.NaN : sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * p))]!
+
+// ---- measurements ---------------------------------------------------------------
+
+interface Measurement {
+  rps: number
+  p50: number
+  p99: number
+  failures: number
+  cpu: { machine: number, service: number, client: number }
+}
+
+/** autocannon against `url` for `duration` seconds; latencies are kept exactly (autocannon's own histogram rounds to 1 ms). */
+function autocannonRun (url: string, duration: number, servicePid?: number): Promise<Measurement> {
+  return new Promise((resolve, reject) => {
+    let latencies = new Float64Array(1 << 16)
+    let count = 0
+    let failures = 0
+    const meter = cpuMeter(servicePid)
+    const started = process.hrtime.bigint()
+    const instance = autocannon({ url, connections, duration, pipelining: 1 }, (err, result) => {
+      if (err !== null && err !== undefined) { reject(err); return }
+      const elapsed = Number(process.hrtime.bigint() - started) / 1e9
+      const cpu = meter()
+      const sorted = latencies.subarray(0, count).sort()
+      resolve({ rps: count / elapsed, p50: percentile(sorted, 0.5), p99: percentile(sorted, 0.99), failures: failures + result.errors, cpu })
+    })
+    instance.on('response', (_client, statusCode, _bytes, responseTime) => {
+      if (statusCode !== 200) { failures++; return }
+      if (count === latencies.length) {
+        const grown = new Float64Array(latencies.length * 2)
+        grown.set(latencies)
+        latencies = grown
+      }
+      latencies[count++] = responseTime
+    })
+  })
+}
+
+function pgbenchArgs (url: string, floor: NonNullable<Endpoint['floor']>, targets: Targets, duration: number): string[] {
+  const parsed = new URL(url)
+  const variables = floor.variables(targets)
+  return [
+    '-n', '-M', 'prepared', '-c', String(connections), '-j', String(pgbenchJobs), '-T', String(duration),
+    '-f', join(SQL_DIR, floor.file),
+    ...Object.entries(variables).flatMap(([name, value]) => ['-D', `${name}=${value}`]),
+    '-h', parsed.hostname, '-p', parsed.port || '5432', '-U', decodeURIComponent(parsed.username || 'postgres'),
+    parsed.pathname.slice(1)
+  ]
+}
+
+function pgbenchEnv (url: string): NodeJS.ProcessEnv {
+  const password = decodeURIComponent(new URL(url).password)
+  return password === '' ? process.env : { ...process.env, PGPASSWORD: password }
+}
+
+/** pgbench -M prepared running the floor statement; latencies from its per-transaction log. */
+async function pgbenchRun (url: string, floor: NonNullable<Endpoint['floor']>, targets: Targets, duration: number): Promise<Measurement> {
+  const logDir = mkdtempSync(join(tmpdir(), 'ocp-bench-pgbench-'))
+  try {
+    const meter = cpuMeter()
+    const output = await new Promise<string>((resolve, reject) => {
+      const child = spawn('pgbench', [...pgbenchArgs(url, floor, targets, duration), '--log', `--log-prefix=${join(logDir, 'tx')}`],
+        { env: pgbenchEnv(url), stdio: ['ignore', 'pipe', 'pipe'] })
+      let text = ''
+      child.stdout.on('data', (chunk) => { text += chunk })
+      child.stderr.on('data', (chunk) => { text += chunk })
+      child.on('error', reject)
+      child.on('exit', (code) => code === 0 ? resolve(text) : reject(new Error(`pgbench failed (${code}):\n${text}`)))
+    })
+    const cpu = meter()
+    const tps = /tps = ([\d.]+) \(without initial connection time\)/.exec(output)
+    const failed = /number of failed transactions: (\d+)/.exec(output)
+    if (tps === null) throw new Error(`pgbench: no tps in its output:\n${output}`)
+    const latencies: number[] = []
+    for (const file of readdirSync(logDir)) {
+      for (const line of readFileSync(join(logDir, file), 'utf8').split('\n')) {
+        const latencyUs = line.split(' ')[2]
+        if (latencyUs !== undefined) latencies.push(Number(latencyUs) / 1000)
+      }
+    }
+    const sorted = Float64Array.from(latencies).sort()
+    return { rps: Number(tps[1]), p50: percentile(sorted, 0.5), p99: percentile(sorted, 0.99), failures: Number(failed?.[1] ?? 0), cpu: { ...cpu, service: Number.NaN, client: Number.NaN } }
+  } finally {
+    rmSync(logDir, { recursive: true, force: true })
+  }
+}
+
+/** The body the floor statement returns, run once through pg with its variables as parameters. */
+async function floorBody (url: string, floor: NonNullable<Endpoint['floor']>, targets: Targets): Promise<string> {
+  const { text, values } = readFloorStatement(floor.file, floor.variables(targets))
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  try {
+    return (await client.query(text, values)).rows[0].body as string
+  } finally {
+    await client.end()
+  }
+}
+
+// ---- one scale ---------------------------------------------------------------------
+
+interface Row {
+  endpoint: Endpoint
+  bytes: number
+  http: Measurement
+  floor?: Measurement
+}
+
+async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Row[] }> {
+  const database = defaultDatabaseFor(scale)
+  const url = withDatabase(adminUrl(), database)
+  const marker = await generate({ scale, database, seed: 1, force: false })
+  const changed = await writeFloorStatements(url, marker.targets)
+  if (changed.length > 0) console.log(`bench/sql: rewritten from the service's SQL (commit them): ${changed.join(', ')}`)
+
+  const [servicePort, barePort, bareHeadersPort] = [await freePort(), await freePort(), await freePort()]
+  const logFile = join(tmpdir(), `ocp-bench-http-${scale}.log`)
+  const logFd = openSync(logFile, 'w')
+  const cpuProf = args['cpu-prof'] === undefined ? [] : ['--cpu-prof', '--cpu-prof-dir', args['cpu-prof']]
+  const service = spawn(process.execPath, [...cpuProf, join(root, 'dist/server.js')], {
+    cwd: root,
+    env: {
+      ...process.env,
+      DATABASE_URL: url,
+      HOST: '127.0.0.1',
+      PORT: String(servicePort),
+      LOG_LEVEL: 'info',
+      LOG_FORMAT: 'json',
+      MIGRATE_ON_START: 'false',
+      ...(args['pool-max'] === undefined ? {} : { DB_POOL_MAX: args['pool-max'] })
+    },
+    stdio: ['ignore', logFd, 'inherit']
+  })
+  const bare = spawn(process.execPath, ['-e', BARE_SERVER], { env: { ...process.env, PORT: String(barePort) }, stdio: ['ignore', 'inherit', 'inherit'] })
+  let bareHeaders: ChildProcess | undefined
+  const rows: Row[] = []
+  try {
+    await waitFor(`http://127.0.0.1:${servicePort}/health`, service, 'the service')
+    await waitFor(`http://127.0.0.1:${barePort}/health`, bare, 'the bare node:http server')
+    bareHeaders = spawn(process.execPath, ['-e', BARE_SERVER], {
+      env: { ...process.env, PORT: String(bareHeadersPort), BARE_HEADERS: JSON.stringify(await serviceHeaders(servicePort)) },
+      stdio: ['ignore', 'inherit', 'inherit']
+    })
+    await waitFor(`http://127.0.0.1:${bareHeadersPort}/health`, bareHeaders, 'the bare node:http server with headers')
+    const ports: Record<string, number> = { bare: barePort, 'bare-headers': bareHeadersPort }
+    const pids: Record<string, number | undefined> = { bare: bare.pid, 'bare-headers': bareHeaders.pid }
+    console.log(`\nscale ${scale}: ${database}, ${Object.entries(marker.counts).map(([table, n]) => `${formatInt(n)} ${table}`).join(', ')}; service log in ${logFile}`)
+
+    for (const endpoint of measured) {
+      const base = `http://127.0.0.1:${ports[endpoint.key] ?? servicePort}`
+      const url0 = base + endpoint.path(marker.targets)
+      // The body first: it must be right before its speed means anything.
+      const res = await fetch(url0)
+      const text = await res.text()
+      if (res.status !== 200) throw new Error(`${endpoint.label}: ${url0} answered ${res.status}: ${text.slice(0, 300)}`)
+      const body = JSON.parse(text)
+      if (endpoint.schema !== undefined) {
+        const validate = ajv.getSchema(endpoint.schema)!
+        if (!validate(body)) throw new Error(`${endpoint.label}: the body does not match ${endpoint.schema}: ${JSON.stringify(validate.errors).slice(0, 500)}`)
+      }
+      const problem = endpoint.check?.(body)
+      if (problem !== undefined) throw new Error(`${endpoint.label}: ${problem}`)
+      if (endpoint.floor !== undefined && await floorBody(url, endpoint.floor, marker.targets) !== text) {
+        throw new Error(`${endpoint.label}: bench/sql/${endpoint.floor.file} does not return the body the service sends`)
+      }
+
+      const pid = endpoint.key in pids ? pids[endpoint.key] : service.pid
+      await autocannonRun(url0, warmup, pid)
+      const http = await autocannonRun(url0, seconds, pid)
+      const row: Row = { endpoint, bytes: Buffer.byteLength(text), http }
+      if (endpoint.floor !== undefined) {
+        await pgbenchRun(url, endpoint.floor, marker.targets, warmup)
+        row.floor = await pgbenchRun(url, endpoint.floor, marker.targets, seconds)
+      }
+      rows.push(row)
+      const failures = http.failures + (row.floor?.failures ?? 0)
+      console.log(`  ${endpoint.label.padEnd(38)} ${formatInt(http.rps).padStart(7)} req/s  p50 ${http.p50.toFixed(2)} ms  p99 ${http.p99.toFixed(2)} ms` +
+        (row.floor === undefined ? '' : `   pgbench ${formatInt(row.floor.rps).padStart(7)} tps  p50 ${row.floor.p50.toFixed(2)} ms`) +
+        (failures > 0 ? `   FAILURES: ${failures}` : ''))
+    }
+  } finally {
+    await Promise.all([stop(service), stop(bare), ...(bareHeaders === undefined ? [] : [stop(bareHeaders)])])
+    closeSync(logFd)
+  }
+  return { marker, rows }
+}
+
+// ---- report --------------------------------------------------------------------------
+
+const fixed = (n: number, digits = 2) => Number.isNaN(n) ? '' : n.toFixed(digits)
+const verdict = (ok: boolean) => ok ? 'met' : '**MISSED**'
+
+function table (header: string[], lines: string[][]): string {
+  const align = header.map((_cell, i) => i === 0 ? '---' : '---:')
+  return [header, align, ...lines].map((cells) => `| ${cells.join(' | ')} |`).join('\n')
+}
+
+function report (scale: ScaleName, rows: Row[]): string[] {
+  const byKey = new Map(rows.map((row) => [row.endpoint.key, row]))
+  const health = byKey.get('health')
+  const bare = byKey.get('bare')
+  console.log(`\n### Scale ${scale}: ${formatInt(SCALES[scale].runs)} runs, ${formatInt(SCALES[scale].tasks)} tasks, ${formatInt(SCALES[scale].events)} events\n`)
+  console.log(table(
+    ['endpoint', 'body bytes', 'req/s', 'p50 ms', 'p99 ms', '× getHealth', 'CPU µs/req: service', 'client', 'busy cores', 'pgbench tps', 'pgbench p50 ms', 'busy cores', '× pgbench'],
+    rows.map(({ endpoint, bytes, http, floor }) => [
+      endpoint.label,
+      formatInt(bytes),
+      formatInt(http.rps),
+      fixed(http.p50),
+      fixed(http.p99),
+      health === undefined ? '' : fixed(http.rps / health.http.rps),
+      formatInt(http.cpu.service * 1e6 / http.rps),
+      formatInt(http.cpu.client * 1e6 / http.rps),
+      fixed(http.cpu.machine * cpus().length, 1),
+      floor === undefined ? '' : formatInt(floor.rps),
+      floor === undefined ? '' : fixed(floor.p50),
+      floor === undefined ? '' : fixed(floor.cpu.machine * cpus().length, 1),
+      floor === undefined ? '' : fixed(http.rps / floor.rps)
+    ])
+  ))
+  const targets: string[] = []
+  if (health !== undefined && bare !== undefined) {
+    const ratio = health.http.rps / bare.http.rps
+    targets.push(`| ${scale} | framework floor: getHealth / bare node:http | ${fixed(ratio)} | ≥ 0.80 | ${verdict(ratio >= 0.8)} |`)
+  }
+  const bareHeaders = byKey.get('bare-headers')
+  if (health !== undefined && bareHeaders !== undefined) {
+    targets.push(`| ${scale} | (for reading the above) getHealth / bare node:http sending the service's headers | ${fixed(health.http.rps / bareHeaders.http.rps)} | | |`)
+  }
+  for (const row of rows) {
+    if (row.floor === undefined || row.endpoint.floorTarget !== true) continue
+    const ratio = row.http.rps / row.floor.rps
+    targets.push(`| ${scale} | database floor: ${row.endpoint.label} / pgbench | ${fixed(ratio)} | ≥ 0.50 | ${verdict(ratio >= 0.5)} |`)
+  }
+  const failures = rows.filter((row) => row.http.failures + (row.floor?.failures ?? 0) > 0)
+  if (failures.length > 0) console.log(`\nWARNING: failed requests or transactions in: ${failures.map((row) => row.endpoint.label).join(', ')}`)
+  return targets
+}
+
+function gitDescription (): string {
+  try {
+    const commit = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' }).trim()
+    const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], { cwd: root, encoding: 'utf8' }).trim() !== ''
+    return `${commit}${dirty ? ' (with uncommitted changes)' : ''}`
+  } catch {
+    return 'unknown'
+  }
+}
+
+async function main () {
+  const admin = adminUrl()
+  if (!args['no-build']) {
+    console.log('bench: npm run build')
+    const build = spawnSync('npm', ['run', 'build'], { cwd: root, stdio: ['ignore', 'ignore', 'inherit'] })
+    if (build.status !== 0) throw new Error('npm run build failed')
+  }
+  const server = new pg.Client({ connectionString: admin })
+  await server.connect()
+  const version = (await server.query('show server_version')).rows[0].server_version as string
+  await server.end()
+
+  const results = new Map<ScaleName, Row[]>()
+  for (const scale of scales as ScaleName[]) results.set(scale, (await benchScale(scale)).rows)
+
+  console.log(`\n## HTTP reads: ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, commit ${gitDescription()}`)
+  console.log(`\nMachine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node.js ${process.version}, Postgres ${version} on loopback. ` +
+    `${connections} connections (autocannon) and ${connections} clients (pgbench -M prepared -j ${pgbenchJobs}), ${seconds} s each after ${warmup} s of warm-up. ` +
+    'CPU µs/req: CPU time per request of the service (or bare server) process and of autocannon (the bench process); busy cores: of the whole machine during the measurement.')
+  const targets: string[] = []
+  for (const [scale, rows] of results) targets.push(...report(scale, rows))
+
+  const small = results.get('small')
+  const large = results.get('large')
+  if (small !== undefined && large !== undefined) {
+    console.log('\n### Growth, large / small\n')
+    const lines: string[][] = []
+    for (const row of large) {
+      const before = small.find((candidate) => candidate.endpoint.key === row.endpoint.key)
+      if (before === undefined || row.endpoint.key.startsWith('bare')) continue
+      const ratio = row.http.p50 / before.http.p50
+      lines.push([row.endpoint.label, fixed(before.http.p50), fixed(row.http.p50), fixed(ratio), formatInt(before.http.rps), formatInt(row.http.rps)])
+      targets.push(`| both | growth of p50, large / small: ${row.endpoint.label} | ${fixed(ratio)} | ≤ 1.50 | ${verdict(ratio <= 1.5)} |`)
+    }
+    console.log(table(['endpoint', 'p50 small ms', 'p50 large ms', 'p50 large / small', 'req/s small', 'req/s large'], lines))
+  }
+  if (targets.length > 0) {
+    console.log('\n### Targets\n')
+    console.log(table(['scale', 'target', 'measured', 'target', 'verdict'], targets.map((line) => line.slice(2, -2).split(' | '))))
+  }
+}
+
+main().catch((err: unknown) => {
+  console.error(err)
+  process.exit(1)
+})

@@ -1,0 +1,155 @@
+/*
+ * The database floor's statements (bench/sql/*.sql) are the service's own:
+ * each read of db/queries.ts is run once through a Kysely instance that
+ * logs what it sends, and the statement and its parameters are written out
+ * as a pgbench script, the parameters becoming pgbench variables
+ * (:run_id...). bench/http.ts does this at every run before it starts
+ * pgbench, so the files cannot drift from the service: when one changes,
+ * it says so (commit the new file).
+ *
+ *   DATABASE_URL=... node --import tsx bench/sql.ts [--scale small]    (writes them alone)
+ */
+import { readFileSync, writeFileSync } from 'node:fs'
+import { join, resolve } from 'node:path'
+import { pathToFileURL } from 'node:url'
+import { parseArgs } from 'node:util'
+import { Kysely, PostgresDialect, type CompiledQuery } from 'kysely'
+import pg from 'pg'
+import { ConfigSchema } from '../config.js'
+import { getRunDetail, getThreadDetail, listBlockedTasks, listRuns, type Db } from '../db/queries.js'
+import type { Database } from '../db/schema.js'
+import { adminUrl, defaultDatabaseFor, isScaleName, readMarker, root, withDatabase, type Targets } from './common.js'
+
+export const SQL_DIR = join(root, 'bench', 'sql')
+
+/** The run list's default page (RUN_LIST_DEFAULT_LIMIT's default), as the service reads it without ?limit. */
+export const RUN_LIST_DEFAULT_LIMIT = (ConfigSchema.properties.RUN_LIST_DEFAULT_LIMIT as unknown as { default: number }).default
+
+export interface FloorStatement {
+  /** bench/sql/<file> */
+  file: string
+  operation: string
+  run: (db: Db, targets: Targets) => Promise<unknown>
+  /** The pgbench variable for each parameter value the statement is sent with (`one` for a LIMIT 1 sent as a parameter). */
+  variables: (targets: Targets) => Record<string, string>
+}
+
+export const STATEMENTS: Record<string, FloorStatement> = {
+  listRuns: {
+    file: 'list-runs.sql',
+    operation: `listRuns (default page of ${RUN_LIST_DEFAULT_LIMIT})`,
+    run: (db) => listRuns(db, { limit: RUN_LIST_DEFAULT_LIMIT }),
+    variables: () => ({ page_limit: String(RUN_LIST_DEFAULT_LIMIT), page_limit_plus_1: String(RUN_LIST_DEFAULT_LIMIT + 1) })
+  },
+  getRunDetail: {
+    file: 'run-detail.sql',
+    operation: 'getRunDetail',
+    run: (db, targets) => getRunDetail(db, targets.run200),
+    variables: (targets) => ({ run_id: targets.run200, one: '1' })
+  },
+  listBlockedTasks: {
+    file: 'blocked.sql',
+    operation: 'listBlockedTasks',
+    run: (db, targets) => listBlockedTasks(db, targets.run200),
+    variables: (targets) => ({ run_id: targets.run200, one: '1' })
+  },
+  getThreadDetail: {
+    file: 'thread-detail.sql',
+    operation: 'getThreadDetail',
+    run: (db, targets) => getThreadDetail(db, targets.thread200),
+    variables: (targets) => ({ thread_id: targets.thread200 })
+  }
+}
+
+/**
+ * pgbench reads `:name` anywhere in a statement as a variable, string
+ * constants included (the timestamp format 'HH24:MI:SS'). A constant that
+ * holds a colon is therefore written as the same constant in escape syntax,
+ * E'...\x3a...', which Postgres reads back to the very same text.
+ */
+export function hideColonsFromPgbench (statement: string): string {
+  return statement.replace(/(^|[^A-Za-z0-9_])'((?:[^']|'')*)'/g, (match, before: string, body: string) =>
+    body.includes(':') ? `${before}E'${body.replaceAll('\\', '\\\\').replaceAll(':', '\\x3a')}'` : match)
+}
+
+/** The statement as a pgbench script: parameters $n become the variables their values were given under. */
+export function toPgbenchScript (query: CompiledQuery, variables: Record<string, string>, operation: string): string {
+  const byValue = new Map(Object.entries(variables).map(([name, value]) => [value, name]))
+  const text = query.sql.replace(/\$(\d+)/g, (_match, n: string) => {
+    const value = String(query.parameters[Number(n) - 1])
+    const name = byValue.get(value)
+    if (name === undefined) throw new Error(`bench/sql: parameter $${n} of ${operation} (${value}) has no pgbench variable`)
+    return `:${name}`
+  })
+  const defines = Object.entries(variables).map(([name, value]) => `-D ${name}=${value}`).join(' ')
+  return [
+    `-- ${operation}: the one statement the service sends for it (db/queries.ts, compiled by Kysely),`,
+    '-- written by bench/sql.ts from the service\'s own query builder at every run of bench/http.ts: do not edit.',
+    `-- pgbench -n -M prepared ${defines} -f bench/sql/<this file>`,
+    '-- String constants holding a colon are written E\'...\\x3a...\' (the same text), or pgbench would read :MI as a variable.',
+    `${hideColonsFromPgbench(text)};`,
+    ''
+  ].join('\n')
+}
+
+/** Runs each read once against `url`, captures its statement, and (re)writes bench/sql. Returns the files that changed. */
+export async function writeFloorStatements (url: string, targets: Targets): Promise<string[]> {
+  let captured: CompiledQuery | undefined
+  const db = new Kysely<Database>({
+    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: url, max: 1 }) }),
+    log: (event) => { if (event.level === 'query') captured = event.query }
+  })
+  const changed: string[] = []
+  try {
+    for (const statement of Object.values(STATEMENTS)) {
+      captured = undefined
+      await statement.run(db, targets)
+      if (captured === undefined) throw new Error(`bench/sql: ${statement.operation} sent no statement`)
+      const script = toPgbenchScript(captured, statement.variables(targets), statement.operation)
+      const path = join(SQL_DIR, statement.file)
+      let previous: string | undefined
+      try { previous = readFileSync(path, 'utf8') } catch {}
+      if (previous !== script) {
+        writeFileSync(path, script)
+        changed.push(statement.file)
+      }
+    }
+  } finally {
+    await db.destroy()
+  }
+  return changed
+}
+
+/**
+ * A bench/sql script as a statement for pg: comments dropped, its pgbench
+ * variables back to parameters $n, with their values.
+ */
+export function readFloorStatement (file: string, variables: Record<string, string>): { text: string, values: string[] } {
+  const script = readFileSync(join(SQL_DIR, file), 'utf8').split('\n').filter((line) => !line.startsWith('--')).join('\n').trim().replace(/;$/, '')
+  const names: string[] = []
+  const text = script.replace(/:([A-Za-z_][A-Za-z0-9_]*)/g, (match, name: string, offset: number) => {
+    if (script[offset - 1] === ':' || !(name in variables)) return match
+    let n = names.indexOf(name)
+    if (n < 0) n = names.push(name) - 1
+    return `$${n + 1}`
+  })
+  return { text, values: names.map((name) => variables[name]!) }
+}
+
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
+  const { values } = parseArgs({ options: { scale: { type: 'string', default: 'small' }, database: { type: 'string' } } })
+  if (!isScaleName(values.scale)) {
+    console.error('usage: node --import tsx bench/sql.ts [--scale small|large] [--database NAME]')
+    process.exit(2)
+  }
+  const url = withDatabase(adminUrl(), values.database ?? defaultDatabaseFor(values.scale))
+  ;(async () => {
+    const marker = await readMarker(url)
+    if (marker === undefined) throw new Error(`no bench data in ${url}: run npm run bench:generate first`)
+    const changed = await writeFloorStatements(url, marker.targets)
+    console.log(changed.length === 0 ? 'bench/sql: up to date' : `bench/sql: rewritten from the service's SQL: ${changed.join(', ')}`)
+  })().catch((err: unknown) => {
+    console.error(err)
+    process.exit(1)
+  })
+}
