@@ -6,10 +6,12 @@ import { Type, type Static } from 'typebox'
  * The README's configuration table mirrors this schema.
  */
 export const ConfigSchema = Type.Object({
-  DATABASE_URL: Type.String({
+  DATABASE_URL: Type.Optional(Type.String({
     pattern: '^postgres(ql)?://',
-    description: 'Postgres connection URL, postgres://user:password@host:port/database'
-  }),
+    description: 'Postgres connection URL, postgres://user:password@host:port/database; absent: the embedded database'
+  })),
+  PGLITE_DATA_DIR: Type.String({ default: 'data/pglite', minLength: 1 }),
+  PGLITE_PORT: Type.Integer({ default: 0, minimum: 0, maximum: 65535 }),
   HOST: Type.String({ default: '0.0.0.0', minLength: 1 }),
   PORT: Type.Integer({ default: 8080, minimum: 0, maximum: 65535 }),
   LOG_LEVEL: Type.Enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], { default: 'info' }),

@@ -1,7 +1,9 @@
 import pg from 'pg'
-import { pathToFileURL } from 'node:url'
+import { basename, dirname, join } from 'node:path'
+import { fileURLToPath, pathToFileURL } from 'node:url'
 import { buildApp } from './app.js'
 import { ConfigError, loadConfig } from './config.js'
+import { loadFixtureFile } from './db/fixtures.js'
 import { migrateToLatest } from './db/migrate.js'
 import { createDb } from './db/pool.js'
 import {
@@ -166,20 +168,25 @@ export class DemoOrchestrator {
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const main = async () => {
     const config = loadConfig()
-    await migrateToLatest(config.DATABASE_URL)
     const app = await buildApp(config)
+    await migrateToLatest(app.databaseUrl)
     await app.listen({ host: config.HOST, port: config.PORT })
-    const pool = new pg.Pool({ connectionString: config.DATABASE_URL, max: 2, application_name: 'ocp-demo-orchestrator' })
+    const pool = new pg.Pool({ connectionString: app.databaseUrl, max: 2, application_name: 'ocp-demo-orchestrator' })
     pool.on('error', () => {})
-    const orchestrator = new DemoOrchestrator(createDb(pool))
+    const writer = createDb(pool)
+    // Known data first (idempotent: loading it again changes nothing), then live activity.
+    const here = dirname(fileURLToPath(import.meta.url))
+    const { inserted } = await loadFixtureFile(writer, join(basename(here) === 'dist' ? dirname(here) : here, 'fixtures/demo.json'))
+    app.log.info({ inserted }, 'demo: fixtures/demo.json loaded')
+    const orchestrator = new DemoOrchestrator(writer)
     const interval = Number(process.env.DEMO_INTERVAL_MS ?? 1000)
     app.log.info(`demo: a simulated orchestrator writes every ${interval} ms; open http://localhost:${config.PORT}/`)
     let stopping = false
     const stop = async () => {
       if (stopping) return
       stopping = true
-      await app.close()
       await pool.end()
+      await app.close() // after the writer's pool: it may close the embedded database
     }
     process.once('SIGINT', () => { void stop() })
     process.once('SIGTERM', () => { void stop() })

@@ -7,7 +7,7 @@ async function main () {
   const config = loadConfig()
   const app = await buildApp(config)
   if (config.MIGRATE_ON_START) {
-    const { applied } = await migrateToLatest(config.DATABASE_URL)
+    const { applied } = await migrateToLatest(app.databaseUrl)
     app.log.info({ applied }, applied.length === 0 ? 'database schema up to date' : 'database migrated')
   }
   // SIGTERM or SIGINT: stop accepting, end the event streams (clients

@@ -33,13 +33,12 @@ export async function migrateToLatest (connectionString: string): Promise<Migrat
   }
 }
 
+
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const url = process.env.DATABASE_URL
-  if (url === undefined || url === '') {
-    console.error('migrate: DATABASE_URL is not set (e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres)')
-    process.exit(2)
-  }
-  migrateToLatest(url).then(({ applied }) => {
+  // Without DATABASE_URL: the embedded database in PGLITE_DATA_DIR.
+  const { loadConfig } = await import('../config.js')
+  const { withDatabaseUrl } = await import('./embedded.js')
+  withDatabaseUrl(loadConfig(), migrateToLatest).then(({ applied }) => {
     console.log(applied.length === 0 ? 'migrate: already up to date' : `migrate: applied ${applied.join(', ')}`)
   }, (err: unknown) => {
     console.error(`migrate: ${(err as Error).message}`)

@@ -1,12 +1,15 @@
 #!/usr/bin/env node
 import pg from 'pg'
 import { pathToFileURL } from 'node:url'
+import { loadConfig } from '../config.js'
+import { withDatabaseUrl } from './embedded.js'
 import { FixtureError, loadFixtureFile } from './fixtures.js'
 import { migrateToLatest } from './migrate.js'
 import { createDb } from './pool.js'
 
 /**
- * `npm run seed -- <file.json>`: migrates DATABASE_URL, then loads the
+ * `npm run seed -- <file.json>`: migrates DATABASE_URL (absent: the embedded
+ * database in PGLITE_DATA_DIR), then loads the
  * fixture in one transaction (idempotently; a bad fixture writes nothing
  * and is reported by the path of its problem). Exit 1 on failure.
  */
@@ -26,12 +29,11 @@ export async function seed (databaseUrl: string, file: string): Promise<string> 
 /* c8 ignore start: the command-line entry, exercised through seed() and by npm run seed in the tests */
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const [file] = process.argv.slice(2)
-  const url = process.env.DATABASE_URL
-  if (file === undefined || url === undefined || url === '') {
-    console.error('usage: DATABASE_URL=postgres://... npm run seed -- <fixture.json>')
+  if (file === undefined) {
+    console.error('usage: [DATABASE_URL=postgres://...] npm run seed -- <fixture.json>  (without DATABASE_URL: the embedded database in PGLITE_DATA_DIR)')
     process.exit(2)
   }
-  seed(url, file).then((message) => console.log(message), (err: unknown) => {
+  withDatabaseUrl(loadConfig(), (url) => seed(url, file)).then((message) => console.log(message), (err: unknown) => {
     console.error(err instanceof FixtureError ? `seed: refused, nothing written: ${err.message}` : `seed: ${(err as Error).message}`)
     process.exit(1)
   })

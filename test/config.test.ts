@@ -3,9 +3,17 @@ import { ConfigError, loadConfig } from '../config.js'
 
 const url = 'postgres://postgres@127.0.0.1:5432/postgres'
 
+t.test('without DATABASE_URL the embedded database is used', async (t) => {
+  const config = loadConfig({})
+  t.notOk('DATABASE_URL' in config)
+  t.equal(config.PGLITE_DATA_DIR, 'data/pglite')
+})
+
 t.test('defaults', async (t) => {
   t.same(loadConfig({ DATABASE_URL: url }), {
     DATABASE_URL: url,
+    PGLITE_DATA_DIR: 'data/pglite',
+    PGLITE_PORT: 0,
     HOST: '0.0.0.0',
     PORT: 8080,
     LOG_LEVEL: 'info',
@@ -47,7 +55,6 @@ t.test('an empty variable means its default', async (t) => {
 
 t.test('a bad or missing value is refused, naming the variable', async (t) => {
   const cases: Array<[Record<string, string>, RegExp]> = [
-    [{}, /DATABASE_URL/],
     [{ DATABASE_URL: 'mysql://x' }, /DATABASE_URL/],
     [{ DATABASE_URL: url, PORT: '65536' }, /PORT/],
     [{ DATABASE_URL: url, PORT: 'eighty' }, /PORT/],

@@ -4,9 +4,13 @@ import { buildApp, type BuildOptions } from '../../app.js'
 import { loadConfig, type Config } from '../../config.js'
 import { testDatabaseUrl } from './database.js'
 
-/** The configuration the tests run with: this file's database, quiet logs. */
+/**
+ * The configuration the tests run with: this file's database, quiet logs,
+ * and no load shedding on event-loop delay (CI machines run test files in
+ * parallel, and a busy one lags; operations.test.ts tests shedding itself).
+ */
 export async function testConfig (overrides: Partial<Config> = {}): Promise<Config> {
-  const env = { DATABASE_URL: await testDatabaseUrl(), LOG_LEVEL: 'silent' }
+  const env = { DATABASE_URL: await testDatabaseUrl(), LOG_LEVEL: 'silent', MAX_EVENT_LOOP_DELAY_MS: '0' }
   return { ...loadConfig(env), ...overrides }
 }
 

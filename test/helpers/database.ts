@@ -4,14 +4,28 @@ import { basename, dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import t from 'tap'
+import { startEmbeddedPostgres } from '../../db/embedded.js'
 import { migrateToLatest } from '../../db/migrate.js'
 
 /*
  * Every test file (tap runs each in its own process) gets a database of its
- * own, cloned from a migrated template, so files never see each other's rows.
- * Postgres comes from DATABASE_URL when it is set, else from testcontainers
- * when a Docker engine answers; otherwise the tests stop and say so.
+ * own, so files never see each other's rows.
+ *
+ * On the server backend (the default), a database cloned from a migrated
+ * template on the Postgres of DATABASE_URL when it is set, else of
+ * testcontainers when a Docker engine answers; otherwise the tests stop and
+ * say so. On the embedded backend (TEST_BACKEND=embedded, `npm run
+ * test:embedded`), a throwaway in-memory PGlite of the file's own, started in
+ * the test process behind the same loopback bridge the service uses.
  */
+
+/** Which database this run's tests use. */
+export const testBackend: 'server' | 'embedded' = process.env.TEST_BACKEND === 'embedded' ? 'embedded' : 'server'
+
+/** For `{ skip }` on a test that needs what only a Postgres server has (say which). */
+export function needsServer (reason: string): string | false {
+  return testBackend === 'embedded' && `needs a Postgres server: ${reason}`
+}
 
 const migrationsDir = join(dirname(fileURLToPath(import.meta.url)), '../../db/migrations')
 
@@ -98,7 +112,19 @@ let fileDatabase: Promise<string> | undefined
  * first use and dropped when the file's tests end.
  */
 export function testDatabaseUrl (): Promise<string> {
-  fileDatabase ??= (async () => {
+  fileDatabase ??= testBackend === 'embedded' ? embeddedDatabaseUrl() : serverFileDatabaseUrl()
+  return fileDatabase
+}
+
+async function embeddedDatabaseUrl (): Promise<string> {
+  const embedded = await startEmbeddedPostgres({ dataDir: 'memory://' })
+  t.teardown(() => embedded.close())
+  await migrateToLatest(embedded.url)
+  return embedded.url
+}
+
+function serverFileDatabaseUrl (): Promise<string> {
+  return (async () => {
     const url = await serverDatabaseUrl()
     const template = await ensureTemplate(url)
     const slug = basename(process.argv[1] ?? 'test').replace(/\.test\.ts$/, '').replace(/[^a-z0-9]+/gi, '_').toLowerCase()
@@ -110,5 +136,4 @@ export function testDatabaseUrl (): Promise<string> {
     t.teardown(() => withAdmin(url, (admin) => admin.query(`drop database if exists "${name}" with (force)`)))
     return withDatabase(url, name)
   })()
-  return fileDatabase
 }
