@@ -9,8 +9,8 @@ import { existsSync } from 'node:fs'
 const args = process.argv.slice(2)
 const server = (process.env.DATABASE_URL ?? '') !== '' || (process.env.DOCKER_HOST ?? '') !== '' || existsSync('/var/run/docker.sock')
 
-function run (command, commandArgs) {
-  const { status, signal } = spawnSync(command, commandArgs, { stdio: 'inherit' })
+function run (command, commandArgs, env = process.env) {
+  const { status, signal } = spawnSync(command, commandArgs, { stdio: 'inherit', env })
   process.exit(status ?? (signal ? 1 : 0))
 }
 
@@ -20,4 +20,6 @@ console.log(`No DATABASE_URL and no Docker engine: running the tests that need n
 on the embedded database (npm run test:embedded). The whole suite, with coverage, runs on a server:
   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm test
 `)
-run('npm', ['run', '--silent', 'test:embedded', '--', ...args])
+// Named files (npm test -- test/runs.test.ts) run alone; otherwise the embedded suite.
+if (args.length > 0) run('npx', ['tap', '--disable-coverage', ...args], { ...process.env, TEST_BACKEND: 'embedded' })
+run('npm', ['run', '--silent', 'test:embedded'])
