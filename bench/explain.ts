@@ -67,7 +67,7 @@ async function explainScale (scale: ScaleName): Promise<string[][]> {
   const database = defaultDatabaseFor(scale)
   const url = withDatabase(adminUrl(), database)
   const marker = (await readMarker(url)) ?? await generate({ scale, database, seed: 1, force: false })
-  await writeFloorStatements(url, marker.targets)
+  await writeFloorStatements(marker.targets)
   const client = new pg.Client({ connectionString: url })
   await client.connect()
   await client.query('set TimeZone = UTC')

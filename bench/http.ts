@@ -324,7 +324,7 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
   const database = defaultDatabaseFor(scale)
   const url = withDatabase(adminUrl(), database)
   const marker = await generate({ scale, database, seed: 1, force: false })
-  const changed = await writeFloorStatements(url, marker.targets)
+  const changed = await writeFloorStatements(marker.targets)
   if (changed.length > 0) console.log(`bench/sql: rewritten from the service's SQL (commit them): ${changed.join(', ')}`)
 
   const [servicePort, barePort, bareHeadersPort] = [await freePort(), await freePort(), await freePort()]

@@ -1,11 +1,11 @@
 /*
  * The database floor's statements (bench/sql/*.sql) are the service's own:
- * each read of db/queries.ts is run once through a Kysely instance that
- * logs what it sends, and the statement and its parameters are written out
- * as a pgbench script, the parameters becoming pgbench variables
- * (:run_id...). bench/http.ts does this at every run before it starts
- * pgbench, so the files cannot drift from the service: when one changes,
- * it says so (commit the new file).
+ * each read of db/queries.ts is called once with a pool that records the
+ * statement it is given instead of sending it, and the statement and its
+ * parameters are written out as a pgbench script, the parameters becoming
+ * pgbench variables (:run_id...). bench/http.ts does this at every run
+ * before it starts pgbench, so the files cannot drift from the service:
+ * when one changes, it says so (commit the new file).
  *
  *   DATABASE_URL=... node --import tsx bench/sql.ts [--scale small]    (writes them alone)
  */
@@ -13,11 +13,9 @@ import { readFileSync, writeFileSync } from 'node:fs'
 import { join, resolve } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
-import { Kysely, PostgresDialect, type CompiledQuery } from 'kysely'
-import pg from 'pg'
+import type pg from 'pg'
 import { ConfigSchema } from '../config.js'
-import { getRunDetail, getThreadDetail, listBlockedTasks, listRuns, type Db } from '../db/queries.js'
-import type { Database } from '../db/schema.js'
+import { getRunDetail, getThreadDetail, listBlockedTasks, listRuns } from '../db/queries.js'
 import { adminUrl, defaultDatabaseFor, isScaleName, readMarker, root, withDatabase, type Targets } from './common.js'
 
 export const SQL_DIR = join(root, 'bench', 'sql')
@@ -29,8 +27,8 @@ export interface FloorStatement {
   /** bench/sql/<file> */
   file: string
   operation: string
-  run: (db: Db, targets: Targets) => Promise<unknown>
-  /** The pgbench variable for each parameter value the statement is sent with (`one` for a LIMIT 1 sent as a parameter). */
+  run: (pool: pg.Pool, targets: Targets) => Promise<unknown>
+  /** The pgbench variable for each parameter value the statement is sent with. */
   variables: (targets: Targets) => Record<string, string>
 }
 
@@ -38,25 +36,25 @@ export const STATEMENTS: Record<string, FloorStatement> = {
   listRuns: {
     file: 'list-runs.sql',
     operation: `listRuns (default page of ${RUN_LIST_DEFAULT_LIMIT})`,
-    run: (db) => listRuns(db, { limit: RUN_LIST_DEFAULT_LIMIT }),
+    run: (pool) => listRuns(pool, { limit: RUN_LIST_DEFAULT_LIMIT }),
     variables: () => ({ page_limit: String(RUN_LIST_DEFAULT_LIMIT), page_limit_plus_1: String(RUN_LIST_DEFAULT_LIMIT + 1) })
   },
   getRunDetail: {
     file: 'run-detail.sql',
     operation: 'getRunDetail',
-    run: (db, targets) => getRunDetail(db, targets.run200),
-    variables: (targets) => ({ run_id: targets.run200, one: '1' })
+    run: (pool, targets) => getRunDetail(pool, targets.run200),
+    variables: (targets) => ({ run_id: targets.run200 })
   },
   listBlockedTasks: {
     file: 'blocked.sql',
     operation: 'listBlockedTasks',
-    run: (db, targets) => listBlockedTasks(db, targets.run200),
-    variables: (targets) => ({ run_id: targets.run200, one: '1' })
+    run: (pool, targets) => listBlockedTasks(pool, targets.run200),
+    variables: (targets) => ({ run_id: targets.run200 })
   },
   getThreadDetail: {
     file: 'thread-detail.sql',
     operation: 'getThreadDetail',
-    run: (db, targets) => getThreadDetail(db, targets.thread200),
+    run: (pool, targets) => getThreadDetail(pool, targets.thread200),
     variables: (targets) => ({ thread_id: targets.thread200 })
   }
 }
@@ -73,17 +71,17 @@ export function hideColonsFromPgbench (statement: string): string {
 }
 
 /** The statement as a pgbench script: parameters $n become the variables their values were given under. */
-export function toPgbenchScript (query: CompiledQuery, variables: Record<string, string>, operation: string): string {
+export function toPgbenchScript (query: { text: string, values: unknown[] }, variables: Record<string, string>, operation: string): string {
   const byValue = new Map(Object.entries(variables).map(([name, value]) => [value, name]))
-  const text = query.sql.replace(/\$(\d+)/g, (_match, n: string) => {
-    const value = String(query.parameters[Number(n) - 1])
+  const text = query.text.replace(/\$(\d+)/g, (_match, n: string) => {
+    const value = String(query.values[Number(n) - 1])
     const name = byValue.get(value)
     if (name === undefined) throw new Error(`bench/sql: parameter $${n} of ${operation} (${value}) has no pgbench variable`)
     return `:${name}`
   })
   const defines = Object.entries(variables).map(([name, value]) => `-D ${name}=${value}`).join(' ')
   return [
-    `-- ${operation}: the one statement the service sends for it (db/queries.ts, compiled by Kysely),`,
+    `-- ${operation}: the one statement the service sends for it (db/queries.ts, built with Kysely, run as a prepared statement),`,
     '-- written by bench/sql.ts from the service\'s own query builder at every run of bench/http.ts: do not edit.',
     `-- pgbench -n -M prepared ${defines} -f bench/sql/<this file>`,
     '-- String constants holding a colon are written E\'...\\x3a...\' (the same text), or pgbench would read :MI as a variable.',
@@ -92,30 +90,35 @@ export function toPgbenchScript (query: CompiledQuery, variables: Record<string,
   ].join('\n')
 }
 
-/** Runs each read once against `url`, captures its statement, and (re)writes bench/sql. Returns the files that changed. */
-export async function writeFloorStatements (url: string, targets: Targets): Promise<string[]> {
-  let captured: CompiledQuery | undefined
-  const db = new Kysely<Database>({
-    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: url, max: 1 }) }),
-    log: (event) => { if (event.level === 'query') captured = event.query }
-  })
+/** A pool that records the statement a read sends instead of sending it, and answers with a row of nothing. */
+function recordingPool (): { pool: pg.Pool, sent: () => pg.QueryConfig | undefined } {
+  let sent: pg.QueryConfig | undefined
+  const client = {
+    query: async (config: pg.QueryConfig) => {
+      sent = config
+      return { rows: [{ body: '{}', left_out: null, next_created_at: null, next_id: null, event_cursor: '0' }] }
+    },
+    release: () => {}
+  }
+  return { pool: { connect: async () => client } as unknown as pg.Pool, sent: () => sent }
+}
+
+/** Records each read's statement and (re)writes bench/sql. Returns the files that changed. */
+export async function writeFloorStatements (targets: Targets): Promise<string[]> {
   const changed: string[] = []
-  try {
-    for (const statement of Object.values(STATEMENTS)) {
-      captured = undefined
-      await statement.run(db, targets)
-      if (captured === undefined) throw new Error(`bench/sql: ${statement.operation} sent no statement`)
-      const script = toPgbenchScript(captured, statement.variables(targets), statement.operation)
-      const path = join(SQL_DIR, statement.file)
-      let previous: string | undefined
-      try { previous = readFileSync(path, 'utf8') } catch {}
-      if (previous !== script) {
-        writeFileSync(path, script)
-        changed.push(statement.file)
-      }
+  for (const statement of Object.values(STATEMENTS)) {
+    const recorder = recordingPool()
+    await statement.run(recorder.pool, targets)
+    const sent = recorder.sent()
+    if (sent === undefined) throw new Error(`bench/sql: ${statement.operation} sent no statement`)
+    const script = toPgbenchScript({ text: sent.text, values: sent.values ?? [] }, statement.variables(targets), statement.operation)
+    const path = join(SQL_DIR, statement.file)
+    let previous: string | undefined
+    try { previous = readFileSync(path, 'utf8') } catch {}
+    if (previous !== script) {
+      writeFileSync(path, script)
+      changed.push(statement.file)
     }
-  } finally {
-    await db.destroy()
   }
   return changed
 }
@@ -146,7 +149,7 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(p
   ;(async () => {
     const marker = await readMarker(url)
     if (marker === undefined) throw new Error(`no bench data in ${url}: run npm run bench:generate first`)
-    const changed = await writeFloorStatements(url, marker.targets)
+    const changed = await writeFloorStatements(marker.targets)
     console.log(changed.length === 0 ? 'bench/sql: up to date' : `bench/sql: rewritten from the service's SQL: ${changed.join(', ')}`)
   })().catch((err: unknown) => {
     console.error(err)

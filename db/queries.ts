@@ -1,4 +1,6 @@
-import { sql, type Expression, type ExpressionBuilder, type Kysely } from 'kysely'
+import { createHash } from 'node:crypto'
+import { DummyDriver, Kysely, PostgresAdapter, PostgresIntrospector, PostgresQueryCompiler, sql, type Compilable, type Expression, type ExpressionBuilder } from 'kysely'
+import type pg from 'pg'
 import * as Resource from '../schemas/resources.js'
 import { streamEnd } from './events.js'
 import { jsonArray, rowObject, utcTimestamp } from './json.js'
@@ -10,6 +12,8 @@ import type { Database } from './schema.js'
  * count agrees with every list in the same body, however writers interleave;
  * and a run detail or thread detail is one round trip, never N+1.
  * A query that finds nothing to answer for (unknown id) returns undefined.
+ * Each statement is built once, at startup, and runs through the pool as a
+ * prepared statement (see Statement and queryRow below).
  */
 
 export type Db = Kysely<Database>
@@ -93,7 +97,7 @@ function blockedTaskRows (eb: ExpressionBuilder<any, any>, runId: Expression<str
           w('a.attempt_no', '=', w.ref('t.latest_attempt_no'))
         ]))
         .orderBy('a.attempt_no', 'desc')
-        .limit(1)
+        .limit(sql.lit(1))
         .as('a'),
       (join) => join.onTrue()
     )
@@ -104,7 +108,7 @@ function blockedTaskRows (eb: ExpressionBuilder<any, any>, runId: Expression<str
         .where('q.kind', '=', sql.lit('question'))
         .orderBy('q.created_at', 'desc')
         .orderBy('q.message_id', 'desc')
-        .limit(1)
+        .limit(sql.lit(1))
         .as('q'),
       (join) => join.onTrue()
     )
@@ -151,24 +155,101 @@ function pageAggregates (key: string, limit: number) {
   ] as const
 }
 
-function toPagedBody (row: { body: string, next_created_at: string | null, next_id: string | null, event_cursor: string }): PagedBody {
+function toPagedBody (row: PageRow): PagedBody {
   const page = { body: row.body, eventCursor: row.event_cursor }
   return row.next_created_at !== null && row.next_id !== null
     ? { ...page, next: { createdAt: row.next_created_at, id: row.next_id } }
     : page
 }
 
-function toBlockedBody (row: { body: string, left_out: string[] | null, event_cursor: string }): BlockedBody {
+function toBlockedBody (row: BlockedRow): BlockedBody {
   return { body: row.body, eventCursor: row.event_cursor, leftOut: row.left_out ?? [] }
+}
+
+// ---- prepared statements ---------------------------------------------------
+
+/** Builds statements only: they run through the pool (queryRow below), never through a Kysely driver. */
+const builder: Db = new Kysely<Database>({
+  dialect: {
+    createAdapter: () => new PostgresAdapter(),
+    createDriver: () => new DummyDriver(),
+    /* c8 ignore next: Kysely asks for it only to introspect the schema, which this builder never does */
+    createIntrospector: (db) => new PostgresIntrospector(db),
+    createQueryCompiler: () => new PostgresQueryCompiler()
+  }
+})
+
+/** What an argument is built with: the compiled statement's parameter that holds it says which argument goes there. */
+const placeholder = (i: number) => `\u0000argument ${i}\u0000`
+
+/**
+ * A read built once, at startup, into one SQL text whose parameters are the
+ * read's arguments, and run as a prepared statement named after that text:
+ * Postgres parses and plans it once per connection rather than once per
+ * request, and no request pays for building and compiling the query
+ * (BENCHMARKS.md: together, most of a small run detail's cost).
+ */
+export class Statement<Args extends unknown[]> {
+  readonly name: string
+  readonly text: string
+  readonly #slots: Array<{ argument: number } | { constant: unknown }>
+
+  constructor (arity: number, build: (...args: Args) => Compilable<unknown>) {
+    const placeholders = Array.from({ length: arity }, (_, i) => placeholder(i))
+    const compiled = build(...(placeholders as unknown as Args)).compile()
+    this.text = compiled.sql
+    this.name = `ocp_${createHash('sha256').update(compiled.sql).digest('hex').slice(0, 24)}`
+    this.#slots = compiled.parameters.map((value) => {
+      const argument = placeholders.indexOf(value as string)
+      return argument >= 0 ? { argument } : { constant: value }
+    })
+  }
+
+  values (args: Args): unknown[] {
+    return this.#slots.map((slot) => 'argument' in slot ? args[slot.argument] : slot.constant)
+  }
+}
+
+/** SQLSTATE duplicate_prepared_statement. */
+const DUPLICATE_PREPARED_STATEMENT = '42P05'
+
+/**
+ * Connections whose server session is shared with other connections (the
+ * embedded database's bridge): there a statement name may already have been
+ * prepared by another connection, so they run statements unnamed.
+ */
+const sharedSessions = new WeakSet<pg.PoolClient>()
+
+/** The first row of a statement, run on a pooled connection as a prepared statement. */
+export async function queryRow<Row extends pg.QueryResultRow, Args extends unknown[]> (
+  pool: pg.Pool, statement: Statement<Args>, ...args: Args
+): Promise<Row | undefined> {
+  const values = statement.values(args)
+  const client = await pool.connect()
+  try {
+    if (!sharedSessions.has(client)) {
+      try {
+        return (await client.query<Row>({ name: statement.name, text: statement.text, values })).rows[0]
+      } catch (err) {
+        if ((err as { code?: unknown }).code !== DUPLICATE_PREPARED_STATEMENT) throw err
+        sharedSessions.add(client)
+      }
+    }
+    return (await client.query<Row>({ text: statement.text, values })).rows[0]
+  } finally {
+    client.release()
+  }
 }
 
 // ---- the queries ----------------------------------------------------------
 
-/** listRuns: newest first (created_at desc, run_id desc), each with its task counts. */
-export async function listRuns (db: Db, page: Page & { limit: number }): Promise<PagedBody> {
-  const { limit } = page
-  const { after } = page
-  const rows = db.selectFrom('runs as r')
+interface PageRow extends pg.QueryResultRow { body: string, next_created_at: string | null, next_id: string | null, event_cursor: string }
+interface BlockedRow extends pg.QueryResultRow { body: string, left_out: string[] | null, event_cursor: string }
+interface BodyRow extends pg.QueryResultRow { body: string, event_cursor: string }
+
+/** listRuns' statement: a page of runs after `after` (or the first), at most `limit` of them. */
+function listRunsQuery (limit: number, limitPlusOne: number, after?: PageKey) {
+  const rows = builder.selectFrom('runs as r')
     .innerJoinLateral((eb) => taskCounts(eb, eb.ref('r.run_id')).as('c'), (join) => join.onTrue())
     .select((eb) => [
       sql<unknown>`json_build_object('run', ${rowObject(Resource.Run, 'r')}, 'task_counts', c.task_counts, 'total_tasks', c.total_tasks)`.as('item'),
@@ -181,16 +262,26 @@ export async function listRuns (db: Db, page: Page & { limit: number }): Promise
     )))
     .orderBy('r.created_at', 'desc')
     .orderBy('r.run_id', 'desc')
-    .limit(limit + 1)
-  const row = await db.selectFrom(rows.as('p')).select(pageAggregates('runs', limit)).executeTakeFirstOrThrow()
-  return toPagedBody(row)
+    .limit(limitPlusOne)
+  return builder.selectFrom(rows.as('p')).select(pageAggregates('runs', limit))
 }
 
-/** listRunTasks: a run's tasks (created_at asc, task_id asc); undefined for an unknown run. */
-export async function listRunTasks (db: Db, runId: string, page: Page): Promise<PagedBody | undefined> {
-  const limit = page.limit ?? UNBOUNDED
-  const { after } = page
-  const row = await db.selectFrom('runs as r')
+const listRunsFirst = new Statement(2, (limit: number, limitPlusOne: number) => listRunsQuery(limit, limitPlusOne))
+const listRunsAfter = new Statement(4, (limit: number, limitPlusOne: number, createdAt: string, id: string) =>
+  listRunsQuery(limit, limitPlusOne, { createdAt, id }))
+
+/** listRuns: newest first (created_at desc, run_id desc), each with its task counts. */
+export async function listRuns (pool: pg.Pool, page: Page & { limit: number }): Promise<PagedBody> {
+  const { limit, after } = page
+  const row = after === undefined
+    ? await queryRow<PageRow, [number, number]>(pool, listRunsFirst, limit, limit + 1)
+    : await queryRow<PageRow, [number, number, string, string]>(pool, listRunsAfter, limit, limit + 1, after.createdAt, after.id)
+  return toPagedBody(row!)
+}
+
+/** listRunTasks' statement: a page of a run's tasks after `after` (or the first). */
+function listRunTasksQuery (runId: string, limit: number, limitPlusOne: number, after?: PageKey) {
+  return builder.selectFrom('runs as r')
     .leftJoinLateral(
       (eb) => eb.selectFrom('tasks as t')
         .select((inner) => [
@@ -205,61 +296,76 @@ export async function listRunTasks (db: Db, runId: string, page: Page): Promise<
         )))
         .orderBy('t.created_at')
         .orderBy('t.task_id')
-        .limit(limit + 1)
+        .limit(limitPlusOne)
         .as('p'),
       (join) => join.onTrue()
     )
     .select(pageAggregates('tasks', limit))
     .where('r.run_id', '=', runId)
     .groupBy('r.run_id')
-    .executeTakeFirst()
+}
+
+const listRunTasksFirst = new Statement(3, (runId: string, limit: number, limitPlusOne: number) => listRunTasksQuery(runId, limit, limitPlusOne))
+const listRunTasksAfter = new Statement(5, (runId: string, limit: number, limitPlusOne: number, createdAt: string, id: string) =>
+  listRunTasksQuery(runId, limit, limitPlusOne, { createdAt, id }))
+
+/** listRunTasks: a run's tasks (created_at asc, task_id asc); undefined for an unknown run. */
+export async function listRunTasks (pool: pg.Pool, runId: string, page: Page): Promise<PagedBody | undefined> {
+  const limit = page.limit ?? UNBOUNDED
+  const { after } = page
+  const row = after === undefined
+    ? await queryRow<PageRow, [string, number, number]>(pool, listRunTasksFirst, runId, limit, limit + 1)
+    : await queryRow<PageRow, [string, number, number, string, string]>(pool, listRunTasksAfter, runId, limit, limit + 1, after.createdAt, after.id)
   return row === undefined ? undefined : toPagedBody(row)
 }
 
+const runDetail = new Statement(1, (runId: string) => builder.selectFrom('runs as r')
+  .innerJoinLateral((eb) => taskCounts(eb, eb.ref('r.run_id')).as('c'), (join) => join.onTrue())
+  .innerJoinLateral((eb) => blockedTasks(eb, eb.ref('r.run_id')).as('b'), (join) => join.onTrue())
+  .select((eb) => [
+    sql<string>`json_build_object('run', json_build_object(
+      'run', ${rowObject(Resource.Run, 'r')},
+      'task_counts', c.task_counts,
+      'total_tasks', c.total_tasks,
+      'tasks', (${tasksOf(eb, eb.ref('r.run_id'))}),
+      'blocked_tasks', b.blocked
+    ))::text`.as('body'),
+    'b.left_out',
+    eventCursor
+  ])
+  .where('r.run_id', '=', runId))
+
 /** getRunDetail: the run, its counts, tasks and blocked tasks, from one snapshot. */
-export async function getRunDetail (db: Db, runId: string): Promise<BlockedBody | undefined> {
-  const row = await db.selectFrom('runs as r')
-    .innerJoinLateral((eb) => taskCounts(eb, eb.ref('r.run_id')).as('c'), (join) => join.onTrue())
-    .innerJoinLateral((eb) => blockedTasks(eb, eb.ref('r.run_id')).as('b'), (join) => join.onTrue())
-    .select((eb) => [
-      sql<string>`json_build_object('run', json_build_object(
-        'run', ${rowObject(Resource.Run, 'r')},
-        'task_counts', c.task_counts,
-        'total_tasks', c.total_tasks,
-        'tasks', (${tasksOf(eb, eb.ref('r.run_id'))}),
-        'blocked_tasks', b.blocked
-      ))::text`.as('body'),
-      'b.left_out',
-      eventCursor
-    ])
-    .where('r.run_id', '=', runId)
-    .executeTakeFirst()
+export async function getRunDetail (pool: pg.Pool, runId: string): Promise<BlockedBody | undefined> {
+  const row = await queryRow<BlockedRow, [string]>(pool, runDetail, runId)
   return row === undefined ? undefined : toBlockedBody(row)
 }
+
+const blockedList = new Statement(1, (runId: string) => builder.selectFrom('runs as r')
+  .innerJoinLateral((eb) => blockedTasks(eb, eb.ref('r.run_id')).as('b'), (join) => join.onTrue())
+  .select([sql<string>`json_build_object('blocked', b.blocked)::text`.as('body'), 'b.left_out', eventCursor])
+  .where('r.run_id', '=', runId))
 
 /** listBlockedTasks: a run's blocked tasks; undefined for an unknown run. */
-export async function listBlockedTasks (db: Db, runId: string): Promise<BlockedBody | undefined> {
-  const row = await db.selectFrom('runs as r')
-    .innerJoinLateral((eb) => blockedTasks(eb, eb.ref('r.run_id')).as('b'), (join) => join.onTrue())
-    .select([sql<string>`json_build_object('blocked', b.blocked)::text`.as('body'), 'b.left_out', eventCursor])
-    .where('r.run_id', '=', runId)
-    .executeTakeFirst()
+export async function listBlockedTasks (pool: pg.Pool, runId: string): Promise<BlockedBody | undefined> {
+  const row = await queryRow<BlockedRow, [string]>(pool, blockedList, runId)
   return row === undefined ? undefined : toBlockedBody(row)
 }
 
+const threadDetail = new Statement(1, (threadId: string) => builder.selectFrom('threads as th')
+  .select((eb) => [sql<string>`json_build_object('thread', json_build_object(
+    'thread', ${rowObject(Resource.Thread, 'th')},
+    'messages', (${eb.selectFrom('messages as m')
+      .select((inner) => jsonArray(
+        rowObject(Resource.Message, 'm', { artifacts: artifactsOf(inner, inner.ref('m.message_id')) }),
+        sql`m.created_at, m.message_id`
+      ).as('messages'))
+      .whereRef('m.thread_id', '=', 'th.thread_id')})
+  ))::text`.as('body'), eventCursor])
+  .where('th.thread_id', '=', threadId))
+
 /** getThreadDetail: the thread and its messages (created_at, message_id), each with its artifacts. */
-export async function getThreadDetail (db: Db, threadId: string): Promise<ReadBody | undefined> {
-  const row = await db.selectFrom('threads as th')
-    .select((eb) => [sql<string>`json_build_object('thread', json_build_object(
-      'thread', ${rowObject(Resource.Thread, 'th')},
-      'messages', (${eb.selectFrom('messages as m')
-        .select((inner) => jsonArray(
-          rowObject(Resource.Message, 'm', { artifacts: artifactsOf(inner, inner.ref('m.message_id')) }),
-          sql`m.created_at, m.message_id`
-        ).as('messages'))
-        .whereRef('m.thread_id', '=', 'th.thread_id')})
-    ))::text`.as('body'), eventCursor])
-    .where('th.thread_id', '=', threadId)
-    .executeTakeFirst()
+export async function getThreadDetail (pool: pg.Pool, threadId: string): Promise<ReadBody | undefined> {
+  const row = await queryRow<BodyRow, [string]>(pool, threadDetail, threadId)
   return row === undefined ? undefined : { body: row.body, eventCursor: row.event_cursor }
 }

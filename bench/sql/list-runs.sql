@@ -1,4 +1,4 @@
--- listRuns (default page of 1000): the one statement the service sends for it (db/queries.ts, compiled by Kysely),
+-- listRuns (default page of 1000): the one statement the service sends for it (db/queries.ts, built with Kysely, run as a prepared statement),
 -- written by bench/sql.ts from the service's own query builder at every run of bench/http.ts: do not edit.
 -- pgbench -n -M prepared -D page_limit=1000 -D page_limit_plus_1=1001 -f bench/sql/<this file>
 -- String constants holding a colon are written E'...\x3a...' (the same text), or pgbench would read :MI as a variable.
