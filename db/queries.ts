@@ -3,7 +3,7 @@ import { DummyDriver, Kysely, PostgresAdapter, PostgresIntrospector, PostgresQue
 import type pg from 'pg'
 import * as Resource from '../schemas/resources.js'
 import { streamEnd } from './events.js'
-import { jsonArray, rowObject, utcTimestamp } from './json.js'
+import { jsonArray, jsonObject, rowJson, utcTimestamp } from './json.js'
 import type { Database } from './schema.js'
 
 /*
@@ -75,7 +75,7 @@ function taskCounts (eb: ExpressionBuilder<any, any>, runId: Expression<string>)
 /** Artifacts of one message as a JSON array, in created_at, artifact_id order. */
 function artifactsOf (eb: ExpressionBuilder<any, any>, messageId: Expression<string>) {
   return eb.selectFrom('artifacts as ar')
-    .select(jsonArray(rowObject(Resource.Artifact, 'ar'), sql`ar.created_at, ar.artifact_id`).as('artifacts'))
+    .select(jsonArray(rowJson(Resource.Artifact, 'ar'), sql`ar.created_at, ar.artifact_id`).as('artifacts'))
     .where('ar.message_id', '=', messageId)
 }
 
@@ -117,11 +117,12 @@ function blockedTaskRows (eb: ExpressionBuilder<any, any>, runId: Expression<str
     .select((row) => [
       't.task_id',
       't.created_at',
-      sql<unknown>`case when q.message_id is not null then json_build_object(
-        'task', ${rowObject(Resource.Task, 't')},
-        'attempt', ${rowObject(Resource.TaskAttempt, 'a')},
-        'question', ${rowObject(Resource.Message, 'q', { artifacts: artifactsOf(row, row.ref('q.message_id')) })}
-      ) end`.as('item')
+      sql<boolean>`q.message_id is not null`.as('complete'),
+      jsonObject({
+        task: rowJson(Resource.Task, 't'),
+        attempt: rowJson(Resource.TaskAttempt, 'a'),
+        question: rowJson(Resource.Message, 'q', { artifacts: artifactsOf(row, row.ref('q.message_id')) })
+      }).as('item')
     ])
 }
 
@@ -129,15 +130,15 @@ function blockedTaskRows (eb: ExpressionBuilder<any, any>, runId: Expression<str
 function blockedTasks (eb: ExpressionBuilder<any, any>, runId: Expression<string>) {
   return eb.selectFrom(blockedTaskRows(eb, runId).as('bt'))
     .select([
-      sql<unknown>`coalesce(json_agg(bt.item order by bt.created_at, bt.task_id) filter (where bt.item is not null), '[]'::json)`.as('blocked'),
-      sql<string[] | null>`array_agg(bt.task_id order by bt.created_at, bt.task_id) filter (where bt.item is null)`.as('left_out')
+      jsonArray(sql`bt.item`, sql`bt.created_at, bt.task_id`, sql`bt.complete`).as('blocked'),
+      sql<string[] | null>`array_agg(bt.task_id order by bt.created_at, bt.task_id) filter (where not bt.complete)`.as('left_out')
     ])
 }
 
 /** A run's tasks as a JSON array in list order. */
 function tasksOf (eb: ExpressionBuilder<any, any>, runId: Expression<string>) {
   return eb.selectFrom('tasks as t')
-    .select(jsonArray(rowObject(Resource.Task, 't'), sql`t.created_at, t.task_id`).as('tasks'))
+    .select(jsonArray(rowJson(Resource.Task, 't'), sql`t.created_at, t.task_id`).as('tasks'))
     .where('t.run_id', '=', runId)
 }
 
@@ -148,7 +149,7 @@ function tasksOf (eb: ExpressionBuilder<any, any>, runId: Expression<string>) {
  */
 function pageAggregates (key: string, limit: number) {
   return [
-    sql<string>`json_build_object(${sql.lit(key)}, coalesce(json_agg(p.item order by p.position) filter (where p.position <= ${limit}), '[]'::json))::text`.as('body'),
+    jsonObject({ [key]: jsonArray(sql`p.item`, sql`p.position`, sql`p.position <= ${limit}`) }).as('body'),
     sql<string | null>`case when count(p.position) > ${limit} then max(p.key_created_at) filter (where p.position = ${limit}) end`.as('next_created_at'),
     sql<string | null>`case when count(p.position) > ${limit} then max(p.key_id) filter (where p.position = ${limit}) end`.as('next_id'),
     eventCursor
@@ -252,7 +253,7 @@ function listRunsQuery (limit: number, limitPlusOne: number, after?: PageKey) {
   const rows = builder.selectFrom('runs as r')
     .innerJoinLateral((eb) => taskCounts(eb, eb.ref('r.run_id')).as('c'), (join) => join.onTrue())
     .select((eb) => [
-      sql<unknown>`json_build_object('run', ${rowObject(Resource.Run, 'r')}, 'task_counts', c.task_counts, 'total_tasks', c.total_tasks)`.as('item'),
+      jsonObject({ run: rowJson(Resource.Run, 'r'), task_counts: sql`c.task_counts`, total_tasks: sql`c.total_tasks` }).as('item'),
       sql<number>`row_number() over (order by r.created_at desc, r.run_id desc)`.as('position'),
       utcTimestamp(eb.ref('r.created_at')).as('key_created_at'),
       'r.run_id as key_id'
@@ -285,7 +286,7 @@ function listRunTasksQuery (runId: string, limit: number, limitPlusOne: number, 
     .leftJoinLateral(
       (eb) => eb.selectFrom('tasks as t')
         .select((inner) => [
-          rowObject(Resource.Task, 't').as('item'),
+          rowJson(Resource.Task, 't').as('item'),
           sql<number>`row_number() over (order by t.created_at, t.task_id)`.as('position'),
           utcTimestamp(inner.ref('t.created_at')).as('key_created_at'),
           't.task_id as key_id'
@@ -323,13 +324,15 @@ const runDetail = new Statement(1, (runId: string) => builder.selectFrom('runs a
   .innerJoinLateral((eb) => taskCounts(eb, eb.ref('r.run_id')).as('c'), (join) => join.onTrue())
   .innerJoinLateral((eb) => blockedTasks(eb, eb.ref('r.run_id')).as('b'), (join) => join.onTrue())
   .select((eb) => [
-    sql<string>`json_build_object('run', json_build_object(
-      'run', ${rowObject(Resource.Run, 'r')},
-      'task_counts', c.task_counts,
-      'total_tasks', c.total_tasks,
-      'tasks', (${tasksOf(eb, eb.ref('r.run_id'))}),
-      'blocked_tasks', b.blocked
-    ))::text`.as('body'),
+    jsonObject({
+      run: jsonObject({
+        run: rowJson(Resource.Run, 'r'),
+        task_counts: sql`c.task_counts`,
+        total_tasks: sql`c.total_tasks`,
+        tasks: sql`(${tasksOf(eb, eb.ref('r.run_id'))})`,
+        blocked_tasks: sql`b.blocked`
+      })
+    }).as('body'),
     'b.left_out',
     eventCursor
   ])
@@ -343,7 +346,7 @@ export async function getRunDetail (pool: pg.Pool, runId: string): Promise<Block
 
 const blockedList = new Statement(1, (runId: string) => builder.selectFrom('runs as r')
   .innerJoinLateral((eb) => blockedTasks(eb, eb.ref('r.run_id')).as('b'), (join) => join.onTrue())
-  .select([sql<string>`json_build_object('blocked', b.blocked)::text`.as('body'), 'b.left_out', eventCursor])
+  .select([jsonObject({ blocked: sql`b.blocked` }).as('body'), 'b.left_out', eventCursor])
   .where('r.run_id', '=', runId))
 
 /** listBlockedTasks: a run's blocked tasks; undefined for an unknown run. */
@@ -353,15 +356,17 @@ export async function listBlockedTasks (pool: pg.Pool, runId: string): Promise<B
 }
 
 const threadDetail = new Statement(1, (threadId: string) => builder.selectFrom('threads as th')
-  .select((eb) => [sql<string>`json_build_object('thread', json_build_object(
-    'thread', ${rowObject(Resource.Thread, 'th')},
-    'messages', (${eb.selectFrom('messages as m')
-      .select((inner) => jsonArray(
-        rowObject(Resource.Message, 'm', { artifacts: artifactsOf(inner, inner.ref('m.message_id')) }),
-        sql`m.created_at, m.message_id`
-      ).as('messages'))
-      .whereRef('m.thread_id', '=', 'th.thread_id')})
-  ))::text`.as('body'), eventCursor])
+  .select((eb) => [jsonObject({
+    thread: jsonObject({
+      thread: rowJson(Resource.Thread, 'th'),
+      messages: sql`(${eb.selectFrom('messages as m')
+        .select((inner) => jsonArray(
+          rowJson(Resource.Message, 'm', { artifacts: artifactsOf(inner, inner.ref('m.message_id')) }),
+          sql`m.created_at, m.message_id`
+        ).as('messages'))
+        .whereRef('m.thread_id', '=', 'th.thread_id')})`
+    })
+  }).as('body'), eventCursor])
   .where('th.thread_id', '=', threadId))
 
 /** getThreadDetail: the thread and its messages (created_at, message_id), each with its artifacts. */
