@@ -21,19 +21,28 @@ export function loggableUrl (url: string): string {
 export const routeOf = (request: FastifyRequest) => request.routeOptions.url ?? 'unmatched'
 
 /**
+ * Liveness and readiness probes: polled every few seconds by orchestrators
+ * and load balancers, they are logged at debug, so that they neither drown
+ * the request log nor cost a log write each (BENCHMARKS.md).
+ */
+const PROBES = new Set(['/health', '/ready'])
+
+/**
  * One log line per request, when its response is done (for a stream: when
  * it ends), carrying the request id; the id is echoed in X-Request-Id.
  * Headers are never logged, so neither is an Authorization header.
+ * Probes are logged at debug.
  */
 export default fp(async function requestLogPlugin (app) {
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-request-id', request.id)
   })
   app.addHook('onResponse', async (request, reply) => {
-    request.log.info({
+    const route = routeOf(request)
+    request.log[PROBES.has(route) ? 'debug' : 'info']({
       method: request.method,
       url: loggableUrl(request.url),
-      route: routeOf(request),
+      route,
       statusCode: reply.statusCode,
       responseTimeMs: Math.round(reply.elapsedTime * 100) / 100
     }, 'request')
