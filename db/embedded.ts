@@ -81,6 +81,48 @@ function fatal (code: string, message: string): Buffer {
   return Buffer.concat([head, body])
 }
 
+let nextConnectionId = 1
+
+/**
+ * The message with its prepared-statement and portal names moved into the
+ * connection's namespace: in a server each connection has its own, and here
+ * all share one session (two pooled connections preparing the same name
+ * must not collide). Unnamed ones ('') stay as they are.
+ */
+export function namespaced (message: Buffer, namespace: string, prepared: Set<string>): Buffer {
+  const type = String.fromCharCode(message[0]!)
+  const body = message.subarray(5)
+  const rename = (name: string) => name === '' ? '' : namespace + name
+  const cString = (at: number) => {
+    const end = body.indexOf(0, at)
+    return { value: body.toString('utf8', at, end), next: end + 1 }
+  }
+  let parts: Array<string | Buffer>
+  if (type === 'P') { // Parse: statement, query, parameter types
+    const statement = cString(0)
+    parts = [rename(statement.value), body.subarray(statement.next)]
+    if (statement.value !== '') prepared.add(rename(statement.value))
+  } else if (type === 'B') { // Bind: portal, statement, the rest
+    const portal = cString(0)
+    const statement = cString(portal.next)
+    parts = [rename(portal.value), rename(statement.value), body.subarray(statement.next)]
+  } else if (type === 'E') { // Execute: portal, row limit
+    const portal = cString(0)
+    parts = [rename(portal.value), body.subarray(portal.next)]
+  } else if (type === 'D' || type === 'C') { // Describe or Close: 'S'tatement or 'P'ortal, name
+    const name = cString(1)
+    parts = [body.subarray(0, 1), rename(name.value), body.subarray(name.next)]
+    if (type === 'C' && body[0] === 0x53) prepared.delete(rename(name.value))
+  } else {
+    return message
+  }
+  const rebuilt = Buffer.concat(parts.map((part) => typeof part === 'string' ? Buffer.from(part + '\0', 'utf8') : part))
+  const head = Buffer.alloc(5)
+  head.write(type, 0, 'latin1')
+  head.writeInt32BE(rebuilt.length + 4, 1)
+  return Buffer.concat([head, rebuilt])
+}
+
 class Connection {
   #buffer: Buffer = Buffer.alloc(0)
   #started = false
@@ -88,6 +130,10 @@ class Connection {
   /** This connection's messages, run one after the other. */
   #work: Promise<void> = Promise.resolve()
   settings = new Map<string, string>()
+  /** The prefix of its prepared statements' and portals' names in the shared session. */
+  readonly namespace = `c${nextConnectionId++}_`
+  /** Its named prepared statements, as named in the session, to deallocate when it goes. */
+  readonly prepared = new Set<string>()
 
   constructor (readonly socket: Socket, readonly bridge: Bridge) {
     socket.setNoDelay(true)
@@ -231,7 +277,8 @@ class Bridge {
       }
       try {
         this.#midCycle = !startup
-        if (!connection.closed) await this.#db.runExclusive(() => this.#db.execProtocolRawStream(message, { onRawData: (data) => connection.write(data) }))
+        const wire = startup ? message : namespaced(message, connection.namespace, connection.prepared)
+        if (!connection.closed) await this.#db.runExclusive(() => this.#db.execProtocolRawStream(wire, { onRawData: (data) => connection.write(data) }))
       /* c8 ignore next 3: PGlite reports SQL errors to the client itself; this is a broken backend */
       } catch {
         connection.close()
@@ -261,6 +308,8 @@ class Bridge {
       if (this.#midCycle) await this.#db.runExclusive(() => this.#db.execProtocolRaw(SYNC))
       this.#midCycle = false
       if (this.#db.isInTransaction()) await this.#db.exec('rollback')
+      for (const name of connection.prepared) await this.#db.exec(`deallocate "${name.replaceAll('"', '""')}"`)
+      connection.prepared.clear()
     /* c8 ignore next 2: a Sync or a rollback failing means a broken backend; the next owner will hear of it */
     } catch {
     } finally {
@@ -277,6 +326,11 @@ class Bridge {
     })
     // While one of its messages runs, run() itself abandons once the message is done.
     if (this.#owner === connection && this.#running !== connection) await this.#abandon(connection)
+    // Its prepared statements outlive it in the shared session: take a turn to deallocate them.
+    if (connection.prepared.size > 0 && this.#owner !== connection) {
+      await this.#acquire(connection)
+      await this.#abandon(connection)
+    }
   }
 }
 

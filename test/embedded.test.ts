@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { parseStartupOptions, startEmbeddedPostgres, withDatabaseUrl, type EmbeddedPostgres } from '../db/embedded.js'
+import { namespaced, parseStartupOptions, startEmbeddedPostgres, withDatabaseUrl, type EmbeddedPostgres } from '../db/embedded.js'
 import { createReadPool } from '../db/pool.js'
 import { redactedUrl } from '../plugins/app/db.js'
 import { runScript } from './helpers/run.js'
@@ -34,6 +34,22 @@ t.test('startup options: -c pairs and --name=value, anything else refused', asyn
   t.throws(() => parseStartupOptions('-c novalue'), /invalid startup option/)
   t.throws(() => parseStartupOptions('verbose'), /invalid startup option "verbose"/)
   t.throws(() => parseStartupOptions('-c bad;name=1'), /invalid setting name/)
+})
+
+t.test('statement and portal names move into the connection\'s namespace', async (t) => {
+  const prepared = new Set<string>()
+  const parse = namespaced(message('P', Buffer.from('st\0select 1\0\0\0', 'latin1')), 'c7_', prepared)
+  t.equal(parse.subarray(5).toString('latin1'), 'c7_st\0select 1\0\0\0')
+  t.equal(parse.readInt32BE(1), parse.length - 1, 'the length follows')
+  t.same([...prepared], ['c7_st'])
+  t.equal(namespaced(message('B', Buffer.from('\0st\0rest', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), '\0c7_st\0rest', 'unnamed portal kept')
+  t.equal(namespaced(message('E', Buffer.from('pt\0\0\0\0\0', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), 'c7_pt\0\0\0\0\0')
+  t.equal(namespaced(message('C', Buffer.from('Ppt\0', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), 'Pc7_pt\0')
+  t.same([...prepared], ['c7_st'], 'closing a portal leaves the statement')
+  t.equal(namespaced(message('C', Buffer.from('Sst\0', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), 'Sc7_st\0')
+  t.same([...prepared], [], 'closing the statement forgets it')
+  const query = message('Q', Buffer.from('select 1\0', 'latin1'))
+  t.equal(namespaced(query, 'c7_', prepared), query, 'other messages pass as they are')
 })
 
 t.test('concurrent transactions and reads never see each other half-done', async (t) => {
@@ -85,6 +101,34 @@ t.test('each connection keeps its own startup settings, as on a server', async (
   const malformed = new pg.Client({ connectionString: database.url, options: 'oops' })
   await t.rejects(malformed.connect(), /invalid startup option "oops"/)
   t.same((await writer.query(`select current_setting('default_transaction_read_only') as ro`)).rows, [{ ro: 'off' }], 'the writer is still read-write')
+})
+
+t.test('prepared statements: each connection has its own names, dropped when it goes', async (t) => {
+  const database = await embedded(t)
+  const clients = await Promise.all([0, 1, 2].map(async () => {
+    const client = new pg.Client({ connectionString: database.url })
+    await client.connect()
+    return client
+  }))
+  const [first, second, observer] = clients as [pg.Client, pg.Client, pg.Client]
+  const wrong: string[] = []
+  await Promise.all([first, second].map(async (client, c) => {
+    for (let i = 0; i < 20; i++) {
+      // The same name, a different statement on each connection, as two pooled connections may.
+      const { rows } = await client.query({ name: 'same-name"', text: c === 0 ? 'select $1::int + 1000 as v' : 'select $1::int * 2 as v', values: [i] })
+      if (rows[0].v !== (c === 0 ? i + 1000 : i * 2)) wrong.push(`connection ${c}: ${rows[0].v} for ${i}`)
+    }
+  }))
+  t.same(wrong, [])
+  const count = async () => (await observer.query('select count(*)::int as n from pg_prepared_statements')).rows[0].n
+  t.equal(await count(), 2)
+  await first.end()
+  await waitUntil(async () => await count() === 1, 'the first connection\'s statement to go')
+  await second.query('begin')
+  const closing = second.query({ name: 'other', text: 'select 1' }).then(() => second.end())
+  await closing
+  await waitUntil(async () => await count() === 0, 'the second connection\'s statements to go')
+  await observer.end()
 })
 
 t.test('a client that goes mid-transaction is rolled back, and the others carry on', async (t) => {
