@@ -36,7 +36,7 @@ export interface Targets {
   run10: string
   /** A run of 200 tasks (10 blocked, each with its attempt and question). */
   run200: string
-  /** A thread of 200 messages (with artifacts), the latest attempt of a blocked task of run200. */
+  /** A thread of 200 messages (a quarter with artifacts): the first attempt's thread of run200's blocked task-020. */
   thread200: string
 }
 

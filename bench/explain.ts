@@ -1,8 +1,9 @@
 /*
  * The plans of the hot statements (bench/sql), at one or both scales:
- * EXPLAIN (ANALYZE, BUFFERS) of each, run the way the service runs it (the
- * statement with its parameters, planned for their values), after a
- * warm-up run so that the buffers are those of a warm cache.
+ * EXPLAIN (ANALYZE, BUFFERS) of each, run the way the service and pgbench
+ * run it: as a prepared statement, executed a few times first, so that the
+ * plan shown is the one Postgres settled on (its generic plan, typically)
+ * and the buffers are those of a warm cache.
  *
  *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run bench:explain -- --scale both
  *   ... npm run bench:explain -- --scale large --only run200 --costs     (one plan, with the planner's estimates)
@@ -75,10 +76,13 @@ async function explainScale (scale: ScaleName): Promise<string[][]> {
   try {
     for (const item of CASES.filter((candidate) => only === undefined || only.has(candidate.key))) {
       const { text, values } = readFloorStatement(item.file, item.variables(marker.targets))
-      await client.query(text, values)
+      await client.query('deallocate all')
+      await client.query(`prepare hot as ${text}`)
+      const execute = `execute hot(${values.map((value) => client.escapeLiteral(value)).join(', ')})`
+      for (let run = 0; run < 6; run++) await client.query(execute)
       const options = `analyze, buffers${args.costs ? '' : ', costs off'}`
-      const plan = await client.query(`explain (${options}) ${text}`, values)
-      const json = await client.query(`explain (analyze, buffers, format json) ${text}`, values)
+      const plan = await client.query(`explain (${options}) ${execute}`)
+      const json = await client.query(`explain (analyze, buffers, format json) ${execute}`)
       const summary = json.rows[0]['QUERY PLAN'][0] as { Plan: PlanNode & { 'Shared Hit Blocks': number, 'Shared Read Blocks': number }, 'Planning Time': number, 'Execution Time': number }
       const found = scans(summary.Plan, { largest: 0, where: '', seqScans: [] })
       if (!args.quiet) {

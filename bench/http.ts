@@ -12,12 +12,15 @@
  * LOG_LEVEL info, its log to a file) and a bare node:http server answering
  * /health's body, checks every body (status 200, valid against the route's
  * TypeBox schema, the expected sizes, and byte for byte what its bench/sql
- * statement returns), then, one after the other on loopback with the same
- * number of connections: autocannon against the bare server, getHealth and
- * each read; and right after each read, pgbench -M prepared running that
- * read's statement with as many clients. Every measurement has a warm-up.
- * Prints requests per second, p50 and p99 latency, the ratio to getHealth
- * of this very process, the ratio to the statement alone in Postgres, and,
+ * statement returns), then, on loopback with the same number of
+ * connections: wrk (Debian's, when installed; else autocannon, or as
+ * --client says) against the bare servers, Fastify alone and getHealth, in
+ * alternating rounds; then for each read, the same against it alternating
+ * with pgbench -M prepared running its statement with as many clients
+ * (alternating, so that a change of the machine's load meanwhile falls on
+ * both sides of a ratio). Everything is warmed up first. Prints requests per
+ * second, p50 and p99 latency, CPU per request, the ratio to getHealth of
+ * this very process, the ratio to the statement alone in Postgres, and,
  * with both scales, the growth of p50 from small to large.
  */
 import autocannon from 'autocannon'
@@ -45,16 +48,24 @@ const { values: args } = parseArgs({
     only: { type: 'string' },
     'no-build': { type: 'boolean', default: false },
     'cpu-prof': { type: 'string' },
-    'pool-max': { type: 'string' }
+    'pool-max': { type: 'string' },
+    rounds: { type: 'string', default: '3' },
+    client: { type: 'string' }
   }
 })
-const USAGE = 'usage: npm run bench:http -- [--scale small|large|both] [--seconds N] [--warmup N] [--connections N] [--pgbench-jobs N] [--only bare,bare-headers,health,runs,run10,run200,blocked,thread] [--no-build] [--cpu-prof DIR] [--pool-max N]'
+const USAGE = 'usage: npm run bench:http -- [--scale small|large|both] [--seconds N] [--rounds N] [--warmup N] [--client wrk|autocannon] [--connections N] [--pgbench-jobs N] [--only bare,bare-headers,fastify,health,runs,run10,run200,blocked,thread] [--no-build] [--cpu-prof DIR] [--pool-max N]'
 const scales = args.scale === 'both' ? ['small', 'large'] : [args.scale]
 const seconds = Number(args.seconds)
 const warmup = Number(args.warmup)
 const connections = Number(args.connections)
 const pgbenchJobs = Number(args['pgbench-jobs'])
-if (!scales.every(isScaleName) || ![seconds, warmup, connections, pgbenchJobs].every((n) => Number.isInteger(n) && n >= 1)) {
+const rounds = Number(args.rounds)
+/** Each measurement is taken in `rounds` stretches of this many seconds (pgbench counts whole seconds). */
+const roundSeconds = Math.max(1, Math.round(seconds / rounds))
+/** The HTTP load generator: wrk (C, Debian's) when installed, as light on the shared cores as pgbench is; else autocannon. */
+const client = args.client ?? (spawnSync('wrk', ['--version']).error === undefined ? 'wrk' : 'autocannon')
+if (!scales.every(isScaleName) || !['wrk', 'autocannon'].includes(client) ||
+    ![seconds, warmup, connections, pgbenchJobs, rounds].every((n) => Number.isInteger(n) && n >= 1)) {
   console.error(USAGE)
   process.exit(2)
 }
@@ -80,6 +91,7 @@ const runDetailFloor = (run: keyof Targets) => ({ file: STATEMENTS.getRunDetail!
 const ENDPOINTS: Endpoint[] = [
   { key: 'bare', label: 'bare node:http, same body as /health', path: () => '/health' },
   { key: 'bare-headers', label: 'bare node:http, same body and headers', path: () => '/health' },
+  { key: 'fastify', label: 'Fastify alone (no plugins, no logger)', path: () => '/health' },
   { key: 'health', label: 'getHealth', path: () => '/health', schema: 'Health' },
   {
     key: 'runs',
@@ -126,6 +138,9 @@ const ENDPOINTS: Endpoint[] = [
     floorTarget: true
   }
 ]
+/** The HTTP floors and getHealth, measured together. */
+const FRAMEWORK = new Set(['bare', 'bare-headers', 'fastify', 'health'])
+
 const only = args.only === undefined ? undefined : new Set(args.only.split(','))
 const measured = ENDPOINTS.filter((endpoint) => only === undefined || only.has(endpoint.key))
 if (only !== undefined && measured.length !== only.size) {
@@ -147,6 +162,14 @@ require('node:http').createServer((req, res) => {
   res.writeHead(200, headers)
   res.end(body)
 }).listen(Number(process.env.PORT), '127.0.0.1')`
+
+/** Fastify itself, the same version, with nothing registered but the route (for reading the framework floor). */
+const BARE_FASTIFY = `
+import Fastify from 'fastify'
+const app = Fastify({ logger: false })
+const schema = { response: { 200: { type: 'object', properties: { status: { type: 'string' } }, required: ['status'] } } }
+app.get('/health', { schema }, async () => ({ status: 'ok' }))
+await app.listen({ host: '127.0.0.1', port: Number(process.env.PORT) })`
 
 /** The headers of the service's /health response that a bare server can repeat (the request id included, as a constant). */
 async function serviceHeaders (port: number): Promise<Record<string, string>> {
@@ -191,21 +214,19 @@ function machineJiffies (): { busy: number, total: number } {
   return { busy: total - idle, total }
 }
 
-function cpuMeter (servicePid?: number) {
+/** CPU used from now until the returned function is called: seconds of the process `pid` and of this one, jiffies of the machine. */
+function cpuMeter (pid?: number) {
   const machine = machineJiffies()
   const client = process.cpuUsage()
-  const service = servicePid === undefined ? 0 : processCpuSeconds(servicePid)
-  const started = process.hrtime.bigint()
+  const service = pid === undefined ? 0 : processCpuSeconds(pid)
   return () => {
-    const elapsed = Number(process.hrtime.bigint() - started) / 1e9
     const machineNow = machineJiffies()
     const clientNow = process.cpuUsage(client)
     return {
-      /** Of all cores together: 1 = every core busy. */
-      machine: (machineNow.busy - machine.busy) / (machineNow.total - machine.total),
-      /** In cores. */
-      service: servicePid === undefined ? Number.NaN : (processCpuSeconds(servicePid) - service) / elapsed,
-      client: (clientNow.user + clientNow.system) / 1e6 / elapsed
+      serviceCpu: pid === undefined ? 0 : processCpuSeconds(pid) - service,
+      clientCpu: (clientNow.user + clientNow.system) / 1e6,
+      machineBusy: machineNow.busy - machine.busy,
+      machineTotal: machineNow.total - machine.total
     }
   }
 }
@@ -215,28 +236,67 @@ const percentile = (sorted: Float64Array | number[], p: number) =>
 
 // ---- measurements ---------------------------------------------------------------
 
+/** What one stretch of load measured. */
+interface Sample {
+  /** Requests answered 200 (or pgbench transactions). */
+  count: number
+  seconds: number
+  /** In ms, one per request (autocannon, pgbench), or none and `percentiles` (wrk). */
+  latencies: Float64Array
+  percentiles?: { p50: number, p99: number }
+  failures: number
+  serviceCpu: number
+  clientCpu: number
+  machineBusy: number
+  machineTotal: number
+}
+
 interface Measurement {
   rps: number
   p50: number
   p99: number
   failures: number
-  cpu: { machine: number, service: number, client: number }
+  /** In cores (service, client) and as a fraction of the machine. */
+  cpu: { service: number, client: number, machine: number }
+}
+
+/** The stretches of one measurement, taken in rounds alternating with others, as one figure. */
+function combine (samples: Sample[]): Measurement {
+  const sum = (pick: (sample: Sample) => number) => samples.reduce((total, sample) => total + pick(sample), 0)
+  const latencies = new Float64Array(sum((sample) => sample.latencies.length))
+  let at = 0
+  for (const sample of samples) { latencies.set(sample.latencies, at); at += sample.latencies.length }
+  latencies.sort()
+  const seconds = sum((sample) => sample.seconds)
+  const count = sum((sample) => sample.count)
+  // wrk reports percentiles, not latencies: those of the rounds are averaged, weighted by their requests.
+  const weighted = (pick: (p: { p50: number, p99: number }) => number) => sum((sample) => sample.percentiles === undefined ? 0 : pick(sample.percentiles) * sample.count) / count
+  const exact = samples.every((sample) => sample.percentiles === undefined)
+  return {
+    rps: count / seconds,
+    p50: exact ? percentile(latencies, 0.5) : weighted((p) => p.p50),
+    p99: exact ? percentile(latencies, 0.99) : weighted((p) => p.p99),
+    failures: sum((sample) => sample.failures),
+    cpu: {
+      service: sum((sample) => sample.serviceCpu) / seconds,
+      client: sum((sample) => sample.clientCpu) / seconds,
+      machine: sum((sample) => sample.machineBusy) / sum((sample) => sample.machineTotal)
+    }
+  }
 }
 
 /** autocannon against `url` for `duration` seconds; latencies are kept exactly (autocannon's own histogram rounds to 1 ms). */
-function autocannonRun (url: string, duration: number, servicePid?: number): Promise<Measurement> {
+function autocannonRun (url: string, duration: number, pid?: number): Promise<Sample> {
   return new Promise((resolve, reject) => {
     let latencies = new Float64Array(1 << 16)
     let count = 0
     let failures = 0
-    const meter = cpuMeter(servicePid)
+    const meter = cpuMeter(pid)
     const started = process.hrtime.bigint()
     const instance = autocannon({ url, connections, duration, pipelining: 1 }, (err, result) => {
       if (err !== null && err !== undefined) { reject(err); return }
-      const elapsed = Number(process.hrtime.bigint() - started) / 1e9
-      const cpu = meter()
-      const sorted = latencies.subarray(0, count).sort()
-      resolve({ rps: count / elapsed, p50: percentile(sorted, 0.5), p99: percentile(sorted, 0.99), failures: failures + result.errors, cpu })
+      const seconds = Number(process.hrtime.bigint() - started) / 1e9
+      resolve({ count, seconds, latencies: latencies.subarray(0, count), failures: failures + result.errors, ...meter() })
     })
     instance.on('response', (_client, statusCode, _bytes, responseTime) => {
       if (statusCode !== 200) { failures++; return }
@@ -249,6 +309,50 @@ function autocannonRun (url: string, duration: number, servicePid?: number): Pro
     })
   })
 }
+
+/** CPU seconds of this process's children that have ended (wrk), from /proc. */
+function childrenCpuSeconds (): number {
+  const fields = readFileSync('/proc/self/stat', 'utf8').split(') ')[1]!.split(' ')
+  return (Number(fields[13]) + Number(fields[14])) / 100
+}
+
+/** wrk (one thread) against `url` for `duration` seconds, with its latency percentiles. */
+async function wrkRun (url: string, duration: number, pid?: number): Promise<Sample> {
+  const meter = cpuMeter(pid)
+  const clientBefore = childrenCpuSeconds()
+  const output = await new Promise<string>((resolve, reject) => {
+    const child = spawn('wrk', ['-t', '1', '-c', String(connections), '-d', `${duration}s`, '--latency', url], { stdio: ['ignore', 'pipe', 'pipe'] })
+    let text = ''
+    child.stdout.on('data', (chunk) => { text += chunk })
+    child.stderr.on('data', (chunk) => { text += chunk })
+    child.on('error', reject)
+    child.on('exit', (code) => code === 0 ? resolve(text) : reject(new Error(`wrk failed (${code}):\n${text}`)))
+  })
+  const cpu = meter()
+  const ms = (value: string, unit: string) => Number(value) * ({ us: 0.001, ms: 1, s: 1000 } as Record<string, number>)[unit]!
+  const quantile = (p: string) => {
+    const match = new RegExp(`^\\s*${p}%\\s+([\\d.]+)(us|ms|s)\\s*$`, 'm').exec(output)
+    if (match === null) throw new Error(`wrk: no ${p}% latency in its output:\n${output}`)
+    return ms(match[1]!, match[2]!)
+  }
+  const total = /(\d+) requests in ([\d.]+)(us|ms|s),/.exec(output)
+  if (total === null) throw new Error(`wrk: no request count in its output:\n${output}`)
+  const non2xx = Number(/Non-2xx or 3xx responses: (\d+)/.exec(output)?.[1] ?? 0)
+  const errors = /Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)/.exec(output)
+  const failures = non2xx + (errors === null ? 0 : errors.slice(1).reduce((n, value) => n + Number(value), 0))
+  return {
+    count: Number(total[1]) - non2xx,
+    seconds: ms(total[2]!, total[3]!) / 1000,
+    latencies: new Float64Array(0),
+    percentiles: { p50: quantile('50'), p99: quantile('99') },
+    failures,
+    ...cpu,
+    clientCpu: childrenCpuSeconds() - clientBefore
+  }
+}
+
+/** The HTTP load of one stretch, with the chosen client. */
+const httpRun = (url: string, duration: number, pid?: number) => client === 'wrk' ? wrkRun(url, duration, pid) : autocannonRun(url, duration, pid)
 
 function pgbenchArgs (url: string, floor: NonNullable<Endpoint['floor']>, targets: Targets, duration: number): string[] {
   const parsed = new URL(url)
@@ -268,7 +372,7 @@ function pgbenchEnv (url: string): NodeJS.ProcessEnv {
 }
 
 /** pgbench -M prepared running the floor statement; latencies from its per-transaction log. */
-async function pgbenchRun (url: string, floor: NonNullable<Endpoint['floor']>, targets: Targets, duration: number): Promise<Measurement> {
+async function pgbenchRun (url: string, floor: NonNullable<Endpoint['floor']>, targets: Targets, duration: number): Promise<Sample> {
   const logDir = mkdtempSync(join(tmpdir(), 'ocp-bench-pgbench-'))
   try {
     const meter = cpuMeter()
@@ -292,8 +396,8 @@ async function pgbenchRun (url: string, floor: NonNullable<Endpoint['floor']>, t
         if (latencyUs !== undefined) latencies.push(Number(latencyUs) / 1000)
       }
     }
-    const sorted = Float64Array.from(latencies).sort()
-    return { rps: Number(tps[1]), p50: percentile(sorted, 0.5), p99: percentile(sorted, 0.99), failures: Number(failed?.[1] ?? 0), cpu: { ...cpu, service: Number.NaN, client: Number.NaN } }
+    // Its rate as pgbench reports it (connection time excluded), over the run's duration.
+    return { count: Number(tps[1]) * duration, seconds: duration, latencies: Float64Array.from(latencies), failures: Number(failed?.[1] ?? 0), ...cpu, serviceCpu: 0, clientCpu: 0 }
   } finally {
     rmSync(logDir, { recursive: true, force: true })
   }
@@ -327,7 +431,7 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
   const changed = await writeFloorStatements(marker.targets)
   if (changed.length > 0) console.log(`bench/sql: rewritten from the service's SQL (commit them): ${changed.join(', ')}`)
 
-  const [servicePort, barePort, bareHeadersPort] = [await freePort(), await freePort(), await freePort()]
+  const [servicePort, barePort, bareHeadersPort, fastifyPort] = [await freePort(), await freePort(), await freePort(), await freePort()]
   const logFile = join(tmpdir(), `ocp-bench-http-${scale}.log`)
   const logFd = openSync(logFile, 'w')
   const cpuProf = args['cpu-prof'] === undefined ? [] : ['--cpu-prof', '--cpu-prof-dir', args['cpu-prof']]
@@ -346,27 +450,30 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
     stdio: ['ignore', logFd, 'inherit']
   })
   const bare = spawn(process.execPath, ['-e', BARE_SERVER], { env: { ...process.env, PORT: String(barePort) }, stdio: ['ignore', 'inherit', 'inherit'] })
+  const fastify = spawn(process.execPath, ['--input-type=module', '-e', BARE_FASTIFY], { cwd: root, env: { ...process.env, PORT: String(fastifyPort) }, stdio: ['ignore', 'inherit', 'inherit'] })
   let bareHeaders: ChildProcess | undefined
   const rows: Row[] = []
   try {
     await waitFor(`http://127.0.0.1:${servicePort}/health`, service, 'the service')
     await waitFor(`http://127.0.0.1:${barePort}/health`, bare, 'the bare node:http server')
+    await waitFor(`http://127.0.0.1:${fastifyPort}/health`, fastify, 'Fastify alone')
     bareHeaders = spawn(process.execPath, ['-e', BARE_SERVER], {
       env: { ...process.env, PORT: String(bareHeadersPort), BARE_HEADERS: JSON.stringify(await serviceHeaders(servicePort)) },
       stdio: ['ignore', 'inherit', 'inherit']
     })
     await waitFor(`http://127.0.0.1:${bareHeadersPort}/health`, bareHeaders, 'the bare node:http server with headers')
-    const ports: Record<string, number> = { bare: barePort, 'bare-headers': bareHeadersPort }
-    const pids: Record<string, number | undefined> = { bare: bare.pid, 'bare-headers': bareHeaders.pid }
+    const ports: Record<string, number> = { bare: barePort, 'bare-headers': bareHeadersPort, fastify: fastifyPort }
+    const pids: Record<string, number | undefined> = { bare: bare.pid, 'bare-headers': bareHeaders.pid, fastify: fastify.pid }
     console.log(`\nscale ${scale}: ${database}, ${Object.entries(marker.counts).map(([table, n]) => `${formatInt(n)} ${table}`).join(', ')}; service log in ${logFile}`)
 
+    const urlOf = (endpoint: Endpoint) => `http://127.0.0.1:${ports[endpoint.key] ?? servicePort}${endpoint.path(marker.targets)}`
+    const pidOf = (endpoint: Endpoint) => endpoint.key in pids ? pids[endpoint.key] : service.pid
+    const bytes = new Map<string, number>()
     for (const endpoint of measured) {
-      const base = `http://127.0.0.1:${ports[endpoint.key] ?? servicePort}`
-      const url0 = base + endpoint.path(marker.targets)
-      // The body first: it must be right before its speed means anything.
-      const res = await fetch(url0)
+      // Every body first: it must be right before its speed means anything.
+      const res = await fetch(urlOf(endpoint))
       const text = await res.text()
-      if (res.status !== 200) throw new Error(`${endpoint.label}: ${url0} answered ${res.status}: ${text.slice(0, 300)}`)
+      if (res.status !== 200) throw new Error(`${endpoint.label}: ${urlOf(endpoint)} answered ${res.status}: ${text.slice(0, 300)}`)
       const body = JSON.parse(text)
       if (endpoint.schema !== undefined) {
         const validate = ajv.getSchema(endpoint.schema)!
@@ -377,23 +484,42 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
       if (endpoint.floor !== undefined && await floorBody(url, endpoint.floor, marker.targets) !== text) {
         throw new Error(`${endpoint.label}: bench/sql/${endpoint.floor.file} does not return the body the service sends`)
       }
+      bytes.set(endpoint.key, Buffer.byteLength(text))
+    }
 
-      const pid = endpoint.key in pids ? pids[endpoint.key] : service.pid
-      await autocannonRun(url0, warmup, pid)
-      const http = await autocannonRun(url0, seconds, pid)
-      const row: Row = { endpoint, bytes: Buffer.byteLength(text), http }
-      if (endpoint.floor !== undefined) {
-        await pgbenchRun(url, endpoint.floor, marker.targets, warmup)
-        row.floor = await pgbenchRun(url, endpoint.floor, marker.targets, seconds)
+    // What is compared is measured in alternating rounds, so that a change of the machine's
+    // load meanwhile falls on both sides: the HTTP floors with getHealth, each read with its
+    // statement in pgbench.
+    const groups: Array<Array<{ key: string, run: (duration: number) => Promise<Sample> }>> = []
+    const framework = measured.filter((endpoint) => FRAMEWORK.has(endpoint.key))
+    if (framework.length > 0) groups.push(framework.map((endpoint) => ({ key: endpoint.key, run: (duration) => httpRun(urlOf(endpoint), duration, pidOf(endpoint)) })))
+    for (const endpoint of measured.filter((candidate) => !FRAMEWORK.has(candidate.key))) {
+      const members = [{ key: endpoint.key, run: (duration: number) => httpRun(urlOf(endpoint), duration, service.pid) }]
+      const floor = endpoint.floor
+      if (floor !== undefined) members.push({ key: `${endpoint.key} floor`, run: (duration: number) => pgbenchRun(url, floor, marker.targets, duration) })
+      groups.push(members)
+    }
+    const samples = new Map<string, Sample[]>()
+    for (const group of groups) {
+      for (const member of group) await member.run(warmup)
+      for (let round = 0; round < rounds; round++) {
+        for (const member of group) samples.set(member.key, [...(samples.get(member.key) ?? []), await member.run(roundSeconds)])
       }
-      rows.push(row)
-      const failures = http.failures + (row.floor?.failures ?? 0)
-      console.log(`  ${endpoint.label.padEnd(38)} ${formatInt(http.rps).padStart(7)} req/s  p50 ${http.p50.toFixed(2)} ms  p99 ${http.p99.toFixed(2)} ms` +
-        (row.floor === undefined ? '' : `   pgbench ${formatInt(row.floor.rps).padStart(7)} tps  p50 ${row.floor.p50.toFixed(2)} ms`) +
-        (failures > 0 ? `   FAILURES: ${failures}` : ''))
+      for (const member of group) {
+        if (member.key.endsWith(' floor')) continue
+        const endpoint = measured.find((candidate) => candidate.key === member.key)!
+        const http = combine(samples.get(member.key)!)
+        const floorSamples = samples.get(`${member.key} floor`)
+        const row: Row = { endpoint, bytes: bytes.get(member.key)!, http, ...(floorSamples === undefined ? {} : { floor: combine(floorSamples) }) }
+        rows.push(row)
+        const failures = http.failures + (row.floor?.failures ?? 0)
+        console.log(`  ${endpoint.label.padEnd(38)} ${formatInt(http.rps).padStart(7)} req/s  p50 ${http.p50.toFixed(2)} ms  p99 ${http.p99.toFixed(2)} ms` +
+          (row.floor === undefined ? '' : `   pgbench ${formatInt(row.floor.rps).padStart(7)} tps  p50 ${row.floor.p50.toFixed(2)} ms`) +
+          (failures > 0 ? `   FAILURES: ${failures}` : ''))
+      }
     }
   } finally {
-    await Promise.all([stop(service), stop(bare), ...(bareHeaders === undefined ? [] : [stop(bareHeaders)])])
+    await Promise.all([stop(service), stop(bare), stop(fastify), ...(bareHeaders === undefined ? [] : [stop(bareHeaders)])])
     closeSync(logFd)
   }
   return { marker, rows }
@@ -437,9 +563,11 @@ function report (scale: ScaleName, rows: Row[]): string[] {
     const ratio = health.http.rps / bare.http.rps
     targets.push(`| ${scale} | framework floor: getHealth / bare node:http | ${fixed(ratio)} | ≥ 0.80 | ${verdict(ratio >= 0.8)} |`)
   }
-  const bareHeaders = byKey.get('bare-headers')
-  if (health !== undefined && bareHeaders !== undefined) {
-    targets.push(`| ${scale} | (for reading the above) getHealth / bare node:http sending the service's headers | ${fixed(health.http.rps / bareHeaders.http.rps)} | | |`)
+  for (const [key, what] of [['bare-headers', 'bare node:http sending the service\'s headers'], ['fastify', 'Fastify alone']]) {
+    const reference = byKey.get(key!)
+    if (health !== undefined && bare !== undefined && reference !== undefined) {
+      targets.push(`| ${scale} | (for reading it) ${what} / bare node:http; getHealth / ${what} | ${fixed(reference.http.rps / bare.http.rps)}; ${fixed(health.http.rps / reference.http.rps)} | | |`)
+    }
   }
   for (const row of rows) {
     if (row.floor === undefined || row.endpoint.floorTarget !== true) continue
@@ -478,8 +606,10 @@ async function main () {
 
   console.log(`\n## HTTP reads: ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, commit ${gitDescription()}`)
   console.log(`\nMachine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node.js ${process.version}, Postgres ${version} on loopback. ` +
-    `${connections} connections (autocannon) and ${connections} clients (pgbench -M prepared -j ${pgbenchJobs}), ${seconds} s each after ${warmup} s of warm-up. ` +
-    'CPU µs/req: CPU time per request of the service (or bare server) process and of autocannon (the bench process); busy cores: of the whole machine during the measurement.')
+    `${connections} connections (${client === 'wrk' ? 'wrk -t 1' : 'autocannon'}) and ${connections} clients (pgbench -M prepared -j ${pgbenchJobs}); each figure over ${rounds} × ${roundSeconds} s, ` +
+    `in rounds alternating with what it is compared with (the HTTP floors with getHealth, each read with its statement in pgbench), after ${warmup} s of warm-up. ` +
+    `CPU µs/req: CPU time per request of the service (or bare server) process and of the load generator (${client}); busy cores: of the whole machine during the measurement.` +
+    (client === 'wrk' ? ' Latency percentiles: wrk\'s, averaged over the rounds weighted by requests.' : ' Latencies: every response\'s, from autocannon\'s response events.'))
   const targets: string[] = []
   for (const [scale, rows] of results) targets.push(...report(scale, rows))
 
@@ -490,7 +620,7 @@ async function main () {
     const lines: string[][] = []
     for (const row of large) {
       const before = small.find((candidate) => candidate.endpoint.key === row.endpoint.key)
-      if (before === undefined || row.endpoint.key.startsWith('bare')) continue
+      if (before === undefined || (FRAMEWORK.has(row.endpoint.key) && row.endpoint.key !== 'health')) continue
       const ratio = row.http.p50 / before.http.p50
       lines.push([row.endpoint.label, fixed(before.http.p50), fixed(row.http.p50), fixed(ratio), formatInt(before.http.rps), formatInt(row.http.rps)])
       targets.push(`| both | growth of p50, large / small: ${row.endpoint.label} | ${fixed(ratio)} | ≤ 1.50 | ${verdict(ratio <= 1.5)} |`)
