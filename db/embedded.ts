@@ -69,16 +69,17 @@ function quoteLiteral (value: string): string {
   return `'${value.replaceAll("'", "''")}'`
 }
 
-/** A FATAL ErrorResponse, for a connection refused before it is ready. */
-function fatal (code: string, message: string): Buffer {
-  const body = Buffer.concat([
-    Buffer.from('SFATAL\0VFATAL\0C' + code + '\0M' + message + '\0', 'utf8'),
-    Buffer.from([0])
-  ])
+/** A protocol message: its type byte, its length (itself included), its body. */
+export function frame (type: string, body: Buffer): Buffer {
   const head = Buffer.alloc(5)
-  head.write('E', 0, 'latin1')
+  head.write(type, 0, 'latin1')
   head.writeInt32BE(body.length + 4, 1)
   return Buffer.concat([head, body])
+}
+
+/** A FATAL ErrorResponse, for a connection refused before it is ready. */
+function fatal (code: string, message: string): Buffer {
+  return frame('E', Buffer.from('SFATAL\0VFATAL\0C' + code + '\0M' + message + '\0\0', 'utf8'))
 }
 
 let nextConnectionId = 1
@@ -116,11 +117,7 @@ export function namespaced (message: Buffer, namespace: string, prepared: Set<st
   } else {
     return message
   }
-  const rebuilt = Buffer.concat(parts.map((part) => typeof part === 'string' ? Buffer.from(part + '\0', 'utf8') : part))
-  const head = Buffer.alloc(5)
-  head.write(type, 0, 'latin1')
-  head.writeInt32BE(rebuilt.length + 4, 1)
-  return Buffer.concat([head, rebuilt])
+  return frame(type, Buffer.concat(parts.map((part) => typeof part === 'string' ? Buffer.from(part + '\0', 'utf8') : part)))
 }
 
 class Connection {

@@ -170,7 +170,7 @@ function toBlockedBody (row: BlockedRow): BlockedBody {
 // ---- prepared statements ---------------------------------------------------
 
 /** Builds statements only: they run through the pool (queryRow below), never through a Kysely driver. */
-const builder: Db = new Kysely<Database>({
+export const builder: Db = new Kysely<Database>({
   dialect: {
     createAdapter: () => new PostgresAdapter(),
     createDriver: () => new DummyDriver(),
@@ -215,9 +215,11 @@ export class Statement<Args extends unknown[]> {
 const DUPLICATE_PREPARED_STATEMENT = '42P05'
 
 /**
- * Connections whose server session is shared with other connections (the
- * embedded database's bridge): there a statement name may already have been
- * prepared by another connection, so they run statements unnamed.
+ * Connections whose server session is shared with other connections (a
+ * pooler handing one server session to several clients): there a statement
+ * name may already have been prepared by another connection, so they run
+ * statements unnamed. (The embedded database's bridge gives each connection
+ * names of its own, as a server does.)
  */
 const sharedSessions = new WeakSet<pg.PoolClient>()
 

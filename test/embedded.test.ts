@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { namespaced, parseStartupOptions, startEmbeddedPostgres, withDatabaseUrl, type EmbeddedPostgres } from '../db/embedded.js'
+import { frame, namespaced, parseStartupOptions, startEmbeddedPostgres, withDatabaseUrl, type EmbeddedPostgres } from '../db/embedded.js'
 import { createReadPool } from '../db/pool.js'
 import { redactedUrl } from '../plugins/app/db.js'
 import { runScript } from './helpers/run.js'
@@ -38,17 +38,17 @@ t.test('startup options: -c pairs and --name=value, anything else refused', asyn
 
 t.test('statement and portal names move into the connection\'s namespace', async (t) => {
   const prepared = new Set<string>()
-  const parse = namespaced(message('P', Buffer.from('st\0select 1\0\0\0', 'latin1')), 'c7_', prepared)
+  const parse = namespaced(frame('P', Buffer.from('st\0select 1\0\0\0', 'latin1')), 'c7_', prepared)
   t.equal(parse.subarray(5).toString('latin1'), 'c7_st\0select 1\0\0\0')
   t.equal(parse.readInt32BE(1), parse.length - 1, 'the length follows')
   t.same([...prepared], ['c7_st'])
-  t.equal(namespaced(message('B', Buffer.from('\0st\0rest', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), '\0c7_st\0rest', 'unnamed portal kept')
-  t.equal(namespaced(message('E', Buffer.from('pt\0\0\0\0\0', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), 'c7_pt\0\0\0\0\0')
-  t.equal(namespaced(message('C', Buffer.from('Ppt\0', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), 'Pc7_pt\0')
+  t.equal(namespaced(frame('B', Buffer.from('\0st\0rest', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), '\0c7_st\0rest', 'unnamed portal kept')
+  t.equal(namespaced(frame('E', Buffer.from('pt\0\0\0\0\0', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), 'c7_pt\0\0\0\0\0')
+  t.equal(namespaced(frame('C', Buffer.from('Ppt\0', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), 'Pc7_pt\0')
   t.same([...prepared], ['c7_st'], 'closing a portal leaves the statement')
-  t.equal(namespaced(message('C', Buffer.from('Sst\0', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), 'Sc7_st\0')
+  t.equal(namespaced(frame('C', Buffer.from('Sst\0', 'latin1')), 'c7_', prepared).subarray(5).toString('latin1'), 'Sc7_st\0')
   t.same([...prepared], [], 'closing the statement forgets it')
-  const query = message('Q', Buffer.from('select 1\0', 'latin1'))
+  const query = frame('Q', Buffer.from('select 1\0', 'latin1'))
   t.equal(namespaced(query, 'c7_', prepared), query, 'other messages pass as they are')
 })
 
@@ -156,7 +156,7 @@ t.test('a client that goes mid-transaction is rolled back, and the others carry 
   await new Promise((resolve) => socket.once('connect', resolve))
   socket.write(startupMessage({ user: 'postgres', database: 'postgres' }))
   await new Promise((resolve) => socket.once('data', resolve))
-  socket.write(message('P', Buffer.from('\0select 1\0\0\0', 'latin1')))
+  socket.write(frame('P', Buffer.from('\0select 1\0\0\0', 'latin1')))
   await sleep(50)
   socket.destroy()
   t.same((await pool.query('select 2 as two')).rows, [{ two: 2 }])
@@ -203,7 +203,7 @@ t.test('the wire: SSL refused politely, cancel and garbage closed, Terminate end
   await sleep(20)
   raw.write(startup.subarray(10))
   await once(raw, 'data')
-  const query = message('Q', Buffer.from('select 41 + 1\0', 'latin1'))
+  const query = frame('Q', Buffer.from('select 41 + 1\0', 'latin1'))
   let received = ''
   raw.on('data', (data: Buffer) => { received += data.toString('latin1') })
   const holder = new pg.Client({ connectionString: database.url })
@@ -303,13 +303,6 @@ function int32s (...values: number[]): Buffer {
 function startupMessage (parameters: Record<string, string>): Buffer {
   const body = Buffer.from(Object.entries(parameters).map(([key, value]) => `${key}\0${value}\0`).join('') + '\0', 'utf8')
   return Buffer.concat([int32s(body.length + 8, 196608), body])
-}
-
-function message (type: string, body: Buffer): Buffer {
-  const head = Buffer.alloc(5)
-  head.write(type, 0, 'latin1')
-  head.writeInt32BE(body.length + 4, 1)
-  return Buffer.concat([head, body])
 }
 
 async function once (emitter: NodeJS.EventEmitter, event: string): Promise<unknown[]> {

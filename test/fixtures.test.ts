@@ -1,20 +1,17 @@
-import { spawn } from 'node:child_process'
-import { once } from 'node:events'
 import { mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { dirname, join } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { join } from 'node:path'
 import t from 'tap'
 import { loadFixture, loadFixtureFile, parseFixture, type Fixture } from '../db/fixtures.js'
 import { seed } from '../db/seed.js'
 import { build } from './helpers/app.js'
 import { testDatabaseUrl } from './helpers/database.js'
+import { root, runScript } from './helpers/run.js'
 import { writer } from './helpers/fixtures.js'
 
 // Fixtures: fixtures/demo.json loads, twice without change; a bad fixture is
 // refused with the path of its problem, and nothing is written.
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 const demo = join(root, 'fixtures', 'demo.json')
 const dir = mkdtempSync(join(tmpdir(), 'ocp-fixtures-'))
 const file = (name: string, content: unknown) => {
@@ -98,22 +95,15 @@ t.test('rows referencing rows already in the database load; raw JSON of every ki
 })
 
 t.test('npm run seed: the command line reports, and refuses bad fixtures with exit 1', async (t) => {
-  const runSeed = async (args: string[], env: Record<string, string | undefined>) => {
-    const child = spawn(process.execPath, [...process.execArgv, join(root, 'db/seed.ts'), ...args], { cwd: root, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
-    let out = ''
-    child.stdout.on('data', (chunk) => { out += chunk })
-    child.stderr.on('data', (chunk) => { out += chunk })
-    const [code] = await once(child, 'exit')
-    return { code, out }
-  }
+  const runSeed = (args: string[], env: Record<string, string>) => runScript(['db/seed.ts', ...args], env)
   const url = await testDatabaseUrl()
   const good = await runSeed([file('good.json', { runs: [{ ...run, run_id: 'fx-cli' }] })], { DATABASE_URL: url })
   t.equal(good.code, 0)
-  t.match(good.out, /seed: loaded .*good\.json: 1 runs/)
+  t.match(good.stdout, /seed: loaded .*good\.json: 1 runs/)
   const bad = await runSeed([file('bad.json', { runs: [{ ...run, status: 1 }] })], { DATABASE_URL: url })
   t.equal(bad.code, 1)
-  t.match(bad.out, /seed: refused, nothing written: runs\[0\]\.status must be string/)
+  t.match(bad.stderr, /seed: refused, nothing written: runs\[0\]\.status must be string/)
   const usage = await runSeed([], { DATABASE_URL: url })
   t.equal(usage.code, 2)
-  t.match(usage.out, /usage: /)
+  t.match(usage.stderr, /usage: /)
 })

@@ -1,20 +1,12 @@
-import { DummyDriver, Kysely, PostgresAdapter, PostgresIntrospector, PostgresQueryCompiler, sql, type RawBuilder } from 'kysely'
+import { sql, type RawBuilder } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
 import { Type } from 'typebox'
 import { jsonArray, jsonObject, rowJson } from '../db/json.js'
+import { builder } from '../db/queries.js'
 import { testDatabaseUrl } from './helpers/database.js'
 
 // The response bodies' JSON, built as text from the schemas (db/json.ts), evaluated by Postgres.
-
-const builder = new Kysely<any>({
-  dialect: {
-    createAdapter: () => new PostgresAdapter(),
-    createDriver: () => new DummyDriver(),
-    createIntrospector: (db) => new PostgresIntrospector(db),
-    createQueryCompiler: () => new PostgresQueryCompiler()
-  }
-})
 
 const Thing = Type.Object({
   id: Type.String(),

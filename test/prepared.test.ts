@@ -1,19 +1,10 @@
-import { DummyDriver, Kysely, PostgresAdapter, PostgresIntrospector, PostgresQueryCompiler, sql } from 'kysely'
+import { sql } from 'kysely'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { queryRow, Statement } from '../db/queries.js'
+import { builder, queryRow, Statement } from '../db/queries.js'
 import { testDatabaseUrl } from './helpers/database.js'
 
 // The reads run as prepared statements named after their text (db/queries.ts).
-
-const builder = new Kysely<any>({
-  dialect: {
-    createAdapter: () => new PostgresAdapter(),
-    createDriver: () => new DummyDriver(),
-    createIntrospector: (db) => new PostgresIntrospector(db),
-    createQueryCompiler: () => new PostgresQueryCompiler()
-  }
-})
 
 /** A statement with two arguments and a constant (the LIMIT), in an order of its own. */
 const repeat = (marker: string) => new Statement(2, (word: string, times: number) => builder

@@ -4,12 +4,10 @@ import { Kysely, Migrator, PostgresDialect, sql } from 'kysely'
 import { migrateToLatest } from '../db/migrate.js'
 import { migrations } from '../db/migrations/index.js'
 import { serverDatabaseUrl, withDatabase } from './helpers/database.js'
-import { runScript } from './helpers/run.js'
+import { runScript as run } from './helpers/run.js'
 import { openStream } from './helpers/sse.js'
 
 // The two entry points as a user runs them: the server and `npm run migrate`.
-
-const run = runScript
 
 /** A fresh, empty database for the entry points to migrate. */
 async function emptyDatabase (t: Test, name: string): Promise<string> {
