@@ -21,6 +21,7 @@ export const ConfigSchema = Type.Object({
   MIGRATE_ON_START: Type.Boolean({ default: true }),
   RUN_LIST_DEFAULT_LIMIT: Type.Integer({ default: 1000, minimum: 1, maximum: 1000 }),
   EVENTS_POLL_INTERVAL_MS: Type.Integer({ default: 250, minimum: 10, maximum: 60_000 }),
+  EVENTS_CLOCK_INTERVAL_MS: Type.Integer({ default: 1000, minimum: 50, maximum: 60_000 }),
   SSE_KEEPALIVE_MS: Type.Integer({ default: 15_000, minimum: 100, maximum: 3_600_000 }),
   SSE_RETRY_MS: Type.Integer({ default: 2000, minimum: 0, maximum: 3_600_000 }),
   SSE_MAX_BUFFERED_BYTES: Type.Integer({ default: 1_048_576, minimum: 1024, maximum: 1_073_741_824 }),

@@ -32,30 +32,38 @@ export interface FloorStatement {
   variables: (targets: Targets) => Record<string, string>
 }
 
+/**
+ * The settled position every read is given (the hub's head in the service).
+ * 0 makes the statement settle its own from the log's start: a little more
+ * work than the service's (which starts at its head), never less.
+ */
+const KNOWN_POSITION = 0
+const known = { known_position: String(KNOWN_POSITION) }
+
 export const STATEMENTS: Record<string, FloorStatement> = {
   listRuns: {
     file: 'list-runs.sql',
     operation: `listRuns (default page of ${RUN_LIST_DEFAULT_LIMIT})`,
-    run: (pool) => listRuns(pool, { limit: RUN_LIST_DEFAULT_LIMIT }),
-    variables: () => ({ page_limit: String(RUN_LIST_DEFAULT_LIMIT), page_limit_plus_1: String(RUN_LIST_DEFAULT_LIMIT + 1) })
+    run: (pool) => listRuns(pool, { limit: RUN_LIST_DEFAULT_LIMIT }, KNOWN_POSITION),
+    variables: () => ({ ...known, page_limit: String(RUN_LIST_DEFAULT_LIMIT), page_limit_plus_1: String(RUN_LIST_DEFAULT_LIMIT + 1) })
   },
   getRunDetail: {
     file: 'run-detail.sql',
     operation: 'getRunDetail',
-    run: (pool, targets) => getRunDetail(pool, targets.run200),
-    variables: (targets) => ({ run_id: targets.run200 })
+    run: (pool, targets) => getRunDetail(pool, targets.run200, KNOWN_POSITION),
+    variables: (targets) => ({ ...known, run_id: targets.run200 })
   },
   listBlockedTasks: {
     file: 'blocked.sql',
     operation: 'listBlockedTasks',
-    run: (pool, targets) => listBlockedTasks(pool, targets.run200),
-    variables: (targets) => ({ run_id: targets.run200 })
+    run: (pool, targets) => listBlockedTasks(pool, targets.run200, KNOWN_POSITION),
+    variables: (targets) => ({ ...known, run_id: targets.run200 })
   },
   getThreadDetail: {
     file: 'thread-detail.sql',
     operation: 'getThreadDetail',
-    run: (pool, targets) => getThreadDetail(pool, targets.thread200),
-    variables: (targets) => ({ thread_id: targets.thread200 })
+    run: (pool, targets) => getThreadDetail(pool, targets.thread200, KNOWN_POSITION),
+    variables: (targets) => ({ ...known, thread_id: targets.thread200 })
   }
 }
 

@@ -7,6 +7,12 @@ import type { Db } from './queries.js'
  * Reads of the persisted event log. Ids are read as JavaScript numbers:
  * exact up to 2^53, which a log growing a million events a second reaches
  * in about 285 years.
+ *
+ * Writers may commit ids out of order (migration 0003), so no read goes
+ * past the SETTLED position: the highest id at or below which every id is
+ * visible or will never commit. The hub settles it as it polls
+ * (settleBound, then the rows); a single statement settles its own from a
+ * position known before it began (settledPosition).
  */
 
 export interface EventFilter {
@@ -27,30 +33,54 @@ const envelope = rowObject(Event, 'e')
 const envelopeText = sql<string>`(${envelope})::text`
 
 /**
- * The stream's current end in the statement's snapshot: the highest event
- * id committed (0 when there is none). Event ids commit in order
- * (migration 0002), so every event up to it is visible to that snapshot.
+ * The settled position of the statement's own snapshot, as text: `known`
+ * (a position settled before the statement began: the hub's) or the
+ * clock's, extended over the ids just above it that are all visible.
+ * Every event at or below it is visible to the statement or never commits.
  */
-export const streamEnd = sql<string>`(select coalesce(max(event_id), 0) from events)::text`
+export const settledPosition = (known: number | string) => sql<string>`events_settled(${known}::bigint)::text`
 
-/** Events `e` after `afterId` that match `filter`, the first `limit` of them in ascending id order. */
-function matchingAfter (db: Db, afterId: number, filter: EventFilter, limit: number) {
+export interface SettleBound {
+  /** Every id at or below it is settled for any snapshot taken after this call returned. */
+  bound: number
+  /** The backend of the event writer the bound waits for, when one holds it back (primary only). */
+  waitingPid: number | null
+}
+
+/**
+ * Where the log is settled, for snapshots taken from now on: on a primary,
+ * up to the lowest id an event-writing transaction in flight may still
+ * commit; on a standby, up to the clock the primary's upkeep writes.
+ */
+export async function settleBound (db: Db): Promise<SettleBound> {
+  const { rows: [row] } = await sql<{ bound: string, waiting_pid: number | null }>`select bound, waiting_pid from events_settle_bound()`.execute(db)
+  return { bound: Number(row!.bound), waitingPid: row!.waiting_pid }
+}
+
+/** Events `e` in (afterId, upTo] that match `filter`, the first `limit` of them in ascending id order. */
+function matchingAfter (db: Db, afterId: number, filter: EventFilter, limit: number, upTo?: number) {
   return db.selectFrom('events as e')
     .where('e.event_id', '>', String(afterId))
+    .$if(upTo !== undefined, (query) => query.where('e.event_id', '<=', String(upTo)))
     .$if(filter.runId !== undefined, (query) => query.where('e.run_id', '=', filter.runId!))
     .$if(filter.threadId !== undefined, (query) => query.where('e.thread_id', '=', filter.threadId!))
     .orderBy('e.event_id')
     .limit(limit)
 }
 
-export async function latestEventId (db: Db): Promise<number> {
-  const row = await db.selectNoFrom(streamEnd.as('id')).executeTakeFirstOrThrow()
+/** The settled position of a snapshot taken now, given one settled earlier (`known`). */
+export async function settledNow (db: Db, known: number): Promise<number> {
+  const row = await db.selectNoFrom(settledPosition(known).as('id')).executeTakeFirstOrThrow()
   return Number(row.id)
 }
 
-/** Up to `limit` events after `afterId` that match `filter`, in ascending id order. */
-export async function eventsAfter (db: Db, afterId: number, filter: EventFilter, limit: number): Promise<StoredEvent[]> {
-  const rows = await matchingAfter(db, afterId, filter, limit)
+/**
+ * Up to `limit` events in (afterId, upTo] that match `filter`, in ascending
+ * id order. `upTo` must be settled (the hub's position): nothing above it is read.
+ * Without `upTo`, every visible event: only the hub reads so, and settles what it reads.
+ */
+export async function eventsAfter (db: Db, afterId: number, filter: EventFilter, limit: number, upTo?: number): Promise<StoredEvent[]> {
+  const rows = await matchingAfter(db, afterId, filter, limit, upTo)
     .select(['e.event_id', 'e.run_id', 'e.thread_id', envelopeText.as('json')])
     .execute()
   return rows.map((row) => ({ id: Number(row.event_id), runId: row.run_id, threadId: row.thread_id, json: row.json }))
@@ -58,18 +88,25 @@ export async function eventsAfter (db: Db, afterId: number, filter: EventFilter,
 
 export interface EventPage {
   body: string
-  /** Where the client resumes: the last event returned when the page is full, else the stream's end. */
+  /** Where the client resumes: the last event returned when the page is full, else the settled position. */
   cursor: string
 }
 
-/** listEvents: a JSON page {events: [...]} and its resume cursor, from one snapshot. */
-export async function listEvents (db: Db, afterId: number, filter: EventFilter, limit: number): Promise<EventPage> {
-  const page = matchingAfter(db, afterId, filter, limit).select(['e.event_id', envelope.as('item')])
+/**
+ * listEvents: a JSON page {events: [...]} of settled events after `afterId`
+ * and its resume cursor, from one snapshot. `known` is a position settled
+ * before the statement (the hub's).
+ */
+export async function listEvents (db: Db, afterId: number, filter: EventFilter, limit: number, known: number): Promise<EventPage> {
+  // Both uses of the position run in the statement's one snapshot, so they agree.
+  const page = matchingAfter(db, afterId, filter, limit)
+    .where('e.event_id', '<=', sql<string>`events_settled(${known}::bigint)`)
+    .select(['e.event_id', envelope.as('item')])
   const row = await db.selectFrom(page.as('p'))
     .select([
       sql<string>`json_build_object('events', coalesce(json_agg(p.item order by p.event_id), '[]'::json))::text`.as('body'),
       sql<string>`case when count(*) = ${limit} then max(p.event_id)
-        else greatest(${String(afterId)}::bigint, ${streamEnd}::bigint) end::text`.as('cursor')
+        else greatest(${String(afterId)}::bigint, ${settledPosition(known)}::bigint) end::text`.as('cursor')
     ])
     .executeTakeFirstOrThrow()
   return row

@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto'
 import { DummyDriver, Kysely, PostgresAdapter, PostgresIntrospector, PostgresQueryCompiler, sql, type Compilable, type Expression, type ExpressionBuilder } from 'kysely'
 import type pg from 'pg'
 import * as Resource from '../schemas/resources.js'
-import { streamEnd } from './events.js'
+import { settledPosition } from './events.js'
 import { jsonArray, jsonObject, rowJson, utcTimestamp } from './json.js'
 import type { Database } from './schema.js'
 
@@ -34,7 +34,7 @@ export interface Page {
 /** Every read's body comes with the stream position it was read at (X-Event-Cursor). */
 export interface ReadBody {
   body: string
-  /** The highest event id visible to the snapshot that produced the body. */
+  /** The settled position of the snapshot that produced the body (every event at or below it is visible to it or never commits). */
   eventCursor: string
 }
 
@@ -48,8 +48,12 @@ export interface BlockedBody extends ReadBody {
   leftOut: string[]
 }
 
-/** The stream position of the statement's snapshot: subscribing after it misses nothing since. */
-const eventCursor = streamEnd.as('event_cursor')
+/**
+ * The settled position of the statement's snapshot (X-Event-Cursor):
+ * subscribing after it misses nothing since. `known` is a position settled
+ * before the statement began: every read takes the hub's as its last argument.
+ */
+const eventCursor = (known: number) => settledPosition(known).as('event_cursor')
 
 /** LIMIT for "no limit": larger than any table, and still a valid bigint. */
 const UNBOUNDED = Number.MAX_SAFE_INTEGER
@@ -147,12 +151,12 @@ function tasksOf (eb: ExpressionBuilder<any, any>, runId: Expression<string>) {
  * key_id; at most limit + 1 rows) into the body {<key>: [...]} and the key
  * of the next page when a row beyond the limit exists.
  */
-function pageAggregates (key: string, limit: number) {
+function pageAggregates (key: string, limit: number, known: number) {
   return [
     jsonObject({ [key]: jsonArray(sql`p.item`, sql`p.position`, sql`p.position <= ${limit}`) }).as('body'),
     sql<string | null>`case when count(p.position) > ${limit} then max(p.key_created_at) filter (where p.position = ${limit}) end`.as('next_created_at'),
     sql<string | null>`case when count(p.position) > ${limit} then max(p.key_id) filter (where p.position = ${limit}) end`.as('next_id'),
-    eventCursor
+    eventCursor(known)
   ] as const
 }
 
@@ -251,7 +255,7 @@ interface BlockedRow extends pg.QueryResultRow { body: string, left_out: string[
 interface BodyRow extends pg.QueryResultRow { body: string, event_cursor: string }
 
 /** listRuns' statement: a page of runs after `after` (or the first), at most `limit` of them. */
-function listRunsQuery (limit: number, limitPlusOne: number, after?: PageKey) {
+function listRunsQuery (known: number, limit: number, limitPlusOne: number, after?: PageKey) {
   const rows = builder.selectFrom('runs as r')
     .innerJoinLateral((eb) => taskCounts(eb, eb.ref('r.run_id')).as('c'), (join) => join.onTrue())
     .select((eb) => [
@@ -266,24 +270,24 @@ function listRunsQuery (limit: number, limitPlusOne: number, after?: PageKey) {
     .orderBy('r.created_at', 'desc')
     .orderBy('r.run_id', 'desc')
     .limit(limitPlusOne)
-  return builder.selectFrom(rows.as('p')).select(pageAggregates('runs', limit))
+  return builder.selectFrom(rows.as('p')).select(pageAggregates('runs', limit, known))
 }
 
-const listRunsFirst = new Statement(2, (limit: number, limitPlusOne: number) => listRunsQuery(limit, limitPlusOne))
-const listRunsAfter = new Statement(4, (limit: number, limitPlusOne: number, createdAt: string, id: string) =>
-  listRunsQuery(limit, limitPlusOne, { createdAt, id }))
+const listRunsFirst = new Statement(3, (known: number, limit: number, limitPlusOne: number) => listRunsQuery(known, limit, limitPlusOne))
+const listRunsAfter = new Statement(5, (known: number, limit: number, limitPlusOne: number, createdAt: string, id: string) =>
+  listRunsQuery(known, limit, limitPlusOne, { createdAt, id }))
 
 /** listRuns: newest first (created_at desc, run_id desc), each with its task counts. */
-export async function listRuns (pool: pg.Pool, page: Page & { limit: number }): Promise<PagedBody> {
+export async function listRuns (pool: pg.Pool, page: Page & { limit: number }, known: number): Promise<PagedBody> {
   const { limit, after } = page
   const row = after === undefined
-    ? await queryRow<PageRow, [number, number]>(pool, listRunsFirst, limit, limit + 1)
-    : await queryRow<PageRow, [number, number, string, string]>(pool, listRunsAfter, limit, limit + 1, after.createdAt, after.id)
+    ? await queryRow<PageRow, [number, number, number]>(pool, listRunsFirst, known, limit, limit + 1)
+    : await queryRow<PageRow, [number, number, number, string, string]>(pool, listRunsAfter, known, limit, limit + 1, after.createdAt, after.id)
   return toPagedBody(row!)
 }
 
 /** listRunTasks' statement: a page of a run's tasks after `after` (or the first). */
-function listRunTasksQuery (runId: string, limit: number, limitPlusOne: number, after?: PageKey) {
+function listRunTasksQuery (known: number, runId: string, limit: number, limitPlusOne: number, after?: PageKey) {
   return builder.selectFrom('runs as r')
     .leftJoinLateral(
       (eb) => eb.selectFrom('tasks as t')
@@ -303,26 +307,26 @@ function listRunTasksQuery (runId: string, limit: number, limitPlusOne: number, 
         .as('p'),
       (join) => join.onTrue()
     )
-    .select(pageAggregates('tasks', limit))
+    .select(pageAggregates('tasks', limit, known))
     .where('r.run_id', '=', runId)
     .groupBy('r.run_id')
 }
 
-const listRunTasksFirst = new Statement(3, (runId: string, limit: number, limitPlusOne: number) => listRunTasksQuery(runId, limit, limitPlusOne))
-const listRunTasksAfter = new Statement(5, (runId: string, limit: number, limitPlusOne: number, createdAt: string, id: string) =>
-  listRunTasksQuery(runId, limit, limitPlusOne, { createdAt, id }))
+const listRunTasksFirst = new Statement(4, (known: number, runId: string, limit: number, limitPlusOne: number) => listRunTasksQuery(known, runId, limit, limitPlusOne))
+const listRunTasksAfter = new Statement(6, (known: number, runId: string, limit: number, limitPlusOne: number, createdAt: string, id: string) =>
+  listRunTasksQuery(known, runId, limit, limitPlusOne, { createdAt, id }))
 
 /** listRunTasks: a run's tasks (created_at asc, task_id asc); undefined for an unknown run. */
-export async function listRunTasks (pool: pg.Pool, runId: string, page: Page): Promise<PagedBody | undefined> {
+export async function listRunTasks (pool: pg.Pool, runId: string, page: Page, known: number): Promise<PagedBody | undefined> {
   const limit = page.limit ?? UNBOUNDED
   const { after } = page
   const row = after === undefined
-    ? await queryRow<PageRow, [string, number, number]>(pool, listRunTasksFirst, runId, limit, limit + 1)
-    : await queryRow<PageRow, [string, number, number, string, string]>(pool, listRunTasksAfter, runId, limit, limit + 1, after.createdAt, after.id)
+    ? await queryRow<PageRow, [number, string, number, number]>(pool, listRunTasksFirst, known, runId, limit, limit + 1)
+    : await queryRow<PageRow, [number, string, number, number, string, string]>(pool, listRunTasksAfter, known, runId, limit, limit + 1, after.createdAt, after.id)
   return row === undefined ? undefined : toPagedBody(row)
 }
 
-const runDetail = new Statement(1, (runId: string) => builder.selectFrom('runs as r')
+const runDetail = new Statement(2, (known: number, runId: string) => builder.selectFrom('runs as r')
   .innerJoinLateral((eb) => taskCounts(eb, eb.ref('r.run_id')).as('c'), (join) => join.onTrue())
   .innerJoinLateral((eb) => blockedTasks(eb, eb.ref('r.run_id')).as('b'), (join) => join.onTrue())
   .select((eb) => [
@@ -336,28 +340,28 @@ const runDetail = new Statement(1, (runId: string) => builder.selectFrom('runs a
       })
     }).as('body'),
     'b.left_out',
-    eventCursor
+    eventCursor(known)
   ])
   .where('r.run_id', '=', runId))
 
 /** getRunDetail: the run, its counts, tasks and blocked tasks, from one snapshot. */
-export async function getRunDetail (pool: pg.Pool, runId: string): Promise<BlockedBody | undefined> {
-  const row = await queryRow<BlockedRow, [string]>(pool, runDetail, runId)
+export async function getRunDetail (pool: pg.Pool, runId: string, known: number): Promise<BlockedBody | undefined> {
+  const row = await queryRow<BlockedRow, [number, string]>(pool, runDetail, known, runId)
   return row === undefined ? undefined : toBlockedBody(row)
 }
 
-const blockedList = new Statement(1, (runId: string) => builder.selectFrom('runs as r')
+const blockedList = new Statement(2, (known: number, runId: string) => builder.selectFrom('runs as r')
   .innerJoinLateral((eb) => blockedTasks(eb, eb.ref('r.run_id')).as('b'), (join) => join.onTrue())
-  .select([jsonObject({ blocked: sql`b.blocked` }).as('body'), 'b.left_out', eventCursor])
+  .select([jsonObject({ blocked: sql`b.blocked` }).as('body'), 'b.left_out', eventCursor(known)])
   .where('r.run_id', '=', runId))
 
 /** listBlockedTasks: a run's blocked tasks; undefined for an unknown run. */
-export async function listBlockedTasks (pool: pg.Pool, runId: string): Promise<BlockedBody | undefined> {
-  const row = await queryRow<BlockedRow, [string]>(pool, blockedList, runId)
+export async function listBlockedTasks (pool: pg.Pool, runId: string, known: number): Promise<BlockedBody | undefined> {
+  const row = await queryRow<BlockedRow, [number, string]>(pool, blockedList, known, runId)
   return row === undefined ? undefined : toBlockedBody(row)
 }
 
-const threadDetail = new Statement(1, (threadId: string) => builder.selectFrom('threads as th')
+const threadDetail = new Statement(2, (known: number, threadId: string) => builder.selectFrom('threads as th')
   .select((eb) => [jsonObject({
     thread: jsonObject({
       thread: rowJson(Resource.Thread, 'th'),
@@ -368,11 +372,11 @@ const threadDetail = new Statement(1, (threadId: string) => builder.selectFrom('
         ).as('messages'))
         .whereRef('m.thread_id', '=', 'th.thread_id')})`
     })
-  }).as('body'), eventCursor])
+  }).as('body'), eventCursor(known)])
   .where('th.thread_id', '=', threadId))
 
 /** getThreadDetail: the thread and its messages (created_at, message_id), each with its artifacts. */
-export async function getThreadDetail (pool: pg.Pool, threadId: string): Promise<ReadBody | undefined> {
-  const row = await queryRow<BodyRow, [string]>(pool, threadDetail, threadId)
+export async function getThreadDetail (pool: pg.Pool, threadId: string, known: number): Promise<ReadBody | undefined> {
+  const row = await queryRow<BodyRow, [number, string]>(pool, threadDetail, known, threadId)
   return row === undefined ? undefined : { body: row.body, eventCursor: row.event_cursor }
 }

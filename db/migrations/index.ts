@@ -1,6 +1,7 @@
 import type { Migration } from 'kysely'
 import * as controlPlaneSchema from './0001_control_plane_schema.js'
 import * as eventStream from './0002_event_stream.js'
+import * as eventOrderWithoutLock from './0003_event_order_without_lock.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -9,5 +10,6 @@ import * as eventStream from './0002_event_stream.js'
  */
 export const migrations: Record<string, Migration> = {
   '0001_control_plane_schema': controlPlaneSchema,
-  '0002_event_stream': eventStream
+  '0002_event_stream': eventStream,
+  '0003_event_order_without_lock': eventOrderWithoutLock
 }

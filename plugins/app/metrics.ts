@@ -59,8 +59,14 @@ export default fp(async function metricsPlugin (app) {
     collect () { this.set(events.lastPollAt === 0 ? -1 : (Date.now() - events.lastPollAt) / 1000) }
   })
   new Gauge({ // eslint-disable-line no-new
+    name: 'event_settle_wait_seconds',
+    help: 'Seconds event delivery has waited for an event id still in flight to settle (0 when not waiting)',
+    registers,
+    collect () { this.set(events.settleWaitSeconds) }
+  })
+  new Gauge({ // eslint-disable-line no-new
     name: 'event_poller_head',
-    help: 'Highest event id the poller has handed to streams',
+    help: 'The settled position the poller has handed to streams: every event at or below it is delivered or never commits',
     registers,
     collect () { this.set(events.head ?? 0) }
   })

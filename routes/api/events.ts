@@ -1,6 +1,6 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
-import { eventsAfter, latestEventId, listEvents, type EventFilter, type StoredEvent } from '../../db/events.js'
+import { eventsAfter, listEvents, settledNow, type EventFilter, type StoredEvent } from '../../db/events.js'
 import { ApiError } from '../../errors.js'
 import { Subscriber, type SubscriberOptions } from '../../plugins/app/events/subscriber.js'
 import { commonErrors, DEFAULT_EVENTS_LIMIT, EventsQuery, parseCursor, parseLimit, StreamQuery } from '../../schemas/api.js'
@@ -20,7 +20,8 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { SSE_MAX_BUFFERED_BYTES, SSE_MAX_STREAMS, SSE_RETRY_MS, SSE_SLOW_CLIENT_TIMEOUT_MS } = app.config
   const hub = app.events
   const subscriberOptions: SubscriberOptions = {
-    readAfter: (afterId, filter) => eventsAfter(app.db, afterId, filter, CATCH_UP_PAGE_SIZE),
+    // Never past the hub's settled head: what lies above it reaches the stream live.
+    readAfter: (afterId, filter) => eventsAfter(app.db, afterId, filter, CATCH_UP_PAGE_SIZE, hub.head),
     pageSize: CATCH_UP_PAGE_SIZE,
     maxBufferedBytes: SSE_MAX_BUFFERED_BYTES,
     slowClientMs: SSE_SLOW_CLIENT_TIMEOUT_MS,
@@ -59,7 +60,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
       reply.header('retry-after', 5)
       throw new ApiError('unavailable', `this instance already serves ${SSE_MAX_STREAMS} event streams, retry shortly or on another instance`)
     }
-    await hub.ready()
+    const known = await hub.ready()
     const subscriber = new Subscriber(reply.raw, filter, resumeAfter ?? 0, subscriberOptions)
     // Subscribed before reading the table: whatever the hub polls from now
     // on reaches this subscriber, and whatever it polled before, the reads
@@ -69,8 +70,8 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
 
     let firstPage: StoredEvent[] = []
     try {
-      if (resumeAfter === undefined) subscriber.lastId = await latestEventId(app.db)
-      else firstPage = await eventsAfter(app.db, resumeAfter, filter, CATCH_UP_PAGE_SIZE)
+      if (resumeAfter === undefined) subscriber.lastId = await settledNow(app.db, known)
+      else firstPage = await eventsAfter(app.db, resumeAfter, filter, CATCH_UP_PAGE_SIZE, hub.head)
     } catch (err) {
       hub.unsubscribe(subscriber)
       throw err // before any byte is sent: the client gets the 503 envelope
@@ -88,14 +89,15 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
       operationId: 'listEvents',
       tags: ['events'],
       summary: 'A page of events, for clients that cannot hold a stream open',
-      description: `Events after \`after_event_id\` (0, the first event, by default) matching the filters, ascending, at most \`limit\` (${DEFAULT_EVENTS_LIMIT} by default). X-Event-Cursor is where to resume: the last event returned when the page is full, else the stream's end.`,
+      description: `Events after \`after_event_id\` (0, the first event, by default) matching the filters, ascending, at most \`limit\` (${DEFAULT_EVENTS_LIMIT} by default). Only settled events are listed (never one above an id still in flight). X-Event-Cursor is where to resume: the last event returned when the page is full, else the settled position.`,
       querystring: EventsQuery,
       response: { 200: Type.Ref('EventList', { description: 'A page of events' }), ...commonErrors }
     }
   }, async (request, reply) => {
     const { after_event_id: after } = request.query
     const limit = parseLimit(request.query.limit) ?? DEFAULT_EVENTS_LIMIT
-    const page = await listEvents(app.db, after === undefined ? 0 : parseCursor(after, 'after_event_id'), toFilter(request.query), limit)
+    const afterId = after === undefined ? 0 : parseCursor(after, 'after_event_id')
+    const page = await listEvents(app.db, afterId, toFilter(request.query), limit, await hub.ready())
     return reply.header('x-event-cursor', page.cursor).sendRawJson(page.body)
   })
 }

@@ -81,7 +81,7 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
   }, async (request, reply) => {
     const limit = parseLimit(request.query.limit) ?? RUN_LIST_DEFAULT_LIMIT
     const after = request.query.cursor === undefined ? undefined : decodeCursor(request.query.cursor)
-    return sendPage(request, reply, await listRuns(app.dbPool, { limit, after }), limit)
+    return sendPage(request, reply, await listRuns(app.dbPool, { limit, after }, await app.events.ready()), limit)
   })
 
   app.get('/runs/:runID', {
@@ -94,7 +94,7 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
     }
   }, async (request, reply) => {
     const { runID } = request.params
-    const detail = await getRunDetail(app.dbPool, runID)
+    const detail = await getRunDetail(app.dbPool, runID, await app.events.ready())
     if (detail === undefined) throw notFound('run')
     reportLeftOut(request.log, runID, detail.leftOut)
     return reply.sendRead(detail)
@@ -114,7 +114,7 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const { cursor } = request.query
     const limit = parseLimit(request.query.limit)
     const after = cursor === undefined ? undefined : decodeCursor(cursor)
-    const page = await listRunTasks(app.dbPool, request.params.runID, { limit, after })
+    const page = await listRunTasks(app.dbPool, request.params.runID, { limit, after }, await app.events.ready())
     if (page === undefined) throw notFound('run')
     return sendPage(request, reply, page, limit)
   })
@@ -129,7 +129,7 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
     }
   }, async (request, reply) => {
     const { runID } = request.params
-    const blocked = await listBlockedTasks(app.dbPool, runID)
+    const blocked = await listBlockedTasks(app.dbPool, runID, await app.events.ready())
     if (blocked === undefined) throw notFound('run')
     reportLeftOut(request.log, runID, blocked.leftOut)
     return reply.sendRead(blocked)

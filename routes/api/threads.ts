@@ -14,7 +14,7 @@ const threadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       response: { 200: Type.Ref('ThreadDetailEnvelope', { description: 'The thread and its messages' }), ...notFoundErrors }
     }
   }, async (request, reply) => {
-    const thread = await getThreadDetail(app.dbPool, request.params.threadID)
+    const thread = await getThreadDetail(app.dbPool, request.params.threadID, await app.events.ready())
     if (thread === undefined) throw notFound('thread')
     return reply.sendRead(thread)
   })

@@ -1,5 +1,5 @@
 import type { FastifyBaseLogger } from 'fastify'
-import { eventsAfter, latestEventId, type StoredEvent } from '../../../db/events.js'
+import { eventsAfter, settleBound, settledNow, type StoredEvent } from '../../../db/events.js'
 import type { Db } from '../../../db/queries.js'
 import type { Subscriber } from './subscriber.js'
 
@@ -12,14 +12,21 @@ export interface HubOptions {
 /** Events read per poll query; a poll reads pages until it is up to date. */
 export const POLL_PAGE_SIZE = 1000
 
+/** How long delivery may wait for an event writer in flight before the log says so. */
+export const SETTLE_WAIT_LOG_MS = 5000
+
 /**
  * The one poller of a process. Every pollIntervalMs it reads the events
  * committed since its head (one indexed query, however many subscribers)
  * and hands each to the subscribers whose filters match, found through
  * indexes by run and by thread rather than by scanning them all.
  *
- * Event ids commit in order (migration 0002), so `event_id > head` never
- * skips an event that commits late.
+ * Writers may commit ids out of order (migration 0003): the head is the
+ * SETTLED position, never past an id that may still commit. Each poll first
+ * asks where the log is settled (settleBound: before the rows' snapshot),
+ * then hands out the events up to there and any run of ids just above it
+ * with no hole. An event above a hole waits for the next poll; how long
+ * delivery has waited is a metric, and a log line past SETTLE_WAIT_LOG_MS.
  */
 export class EventHub {
   /** The highest event id handed to subscribers; undefined until first read. */
@@ -29,6 +36,10 @@ export class EventHub {
   #stopped = false
   #failing = false
   #lastPollAt = 0
+  /** The head at which delivery began to wait for a hole to settle, and since when (epoch ms). */
+  #waitingAt: number | undefined
+  #waitingSince = 0
+  #waitLogged = false
   readonly #subscribers = new Set<Subscriber>()
   /** Unfiltered subscribers, all under the key ''. */
   readonly #unfiltered = new Map<string, Set<Subscriber>>()
@@ -58,10 +69,15 @@ export class EventHub {
     return this.#lastPollAt
   }
 
-  /** The head, read from the table on first use (once, however many callers wait). */
+  /** Seconds delivery has waited for an id in flight to settle (0 when it is not waiting). */
+  get settleWaitSeconds (): number {
+    return this.#waitingAt === undefined ? 0 : (Date.now() - this.#waitingSince) / 1000
+  }
+
+  /** The settled position, read from the database on first use (once, however many callers wait). */
   ready (): Promise<number> {
     if (this.#head !== undefined) return Promise.resolve(this.#head)
-    this.#initializing ??= latestEventId(this.db).then((head) => {
+    this.#initializing ??= settleBound(this.db).then(({ bound }) => settledNow(this.db, bound)).then((head) => {
       this.#head ??= head
       return this.#head
     }).finally(() => { this.#initializing = undefined })
@@ -109,16 +125,47 @@ export class EventHub {
     return { index: this.#unfiltered, key: '' }
   }
 
-  /** Reads and hands out every event committed since the head. */
+  /** Reads and hands out every event settled since the head. */
   async poll (): Promise<void> {
     let head = await this.ready()
+    const { bound, waitingPid } = await settleBound(this.db)
+    let settled = Math.max(head, bound)
+    let hole = false
     for (;;) {
       const events = await eventsAfter(this.db, head, {}, POLL_PAGE_SIZE)
-      for (const event of events) this.#fanOut(event)
-      if (events.length > 0) head = this.#head = events[events.length - 1]!.id
-      if (events.length < POLL_PAGE_SIZE) break
+      for (const event of events) {
+        if (event.id > settled + 1) {
+          hole = true
+          break
+        }
+        settled = Math.max(settled, event.id)
+        this.#fanOut(event)
+        head = event.id
+      }
+      // Every visible event up to `settled` has been handed out: the rest of
+      // the range is ids that will never commit.
+      if (hole || events.length < POLL_PAGE_SIZE) head = settled
+      this.#head = head
+      if (hole || events.length < POLL_PAGE_SIZE) break
     }
     this.#lastPollAt = Date.now()
+    this.#noteWait(hole, waitingPid)
+  }
+
+  /** Tracks how long an event above a hole has waited, and says so once it passes SETTLE_WAIT_LOG_MS. */
+  #noteWait (hole: boolean, waitingPid: number | null): void {
+    if (!hole || this.#head !== this.#waitingAt) {
+      if (this.#waitLogged) this.options.log.info({ head: this.#head, waitedSeconds: this.settleWaitSeconds }, 'event delivery resumed: the id it waited for settled')
+      this.#waitLogged = false
+      this.#waitingAt = hole ? this.#head : undefined
+      this.#waitingSince = this.#lastPollAt
+      return
+    }
+    if (!this.#waitLogged && this.#lastPollAt - this.#waitingSince >= SETTLE_WAIT_LOG_MS) {
+      this.#waitLogged = true
+      this.options.log.warn({ head: this.#head, waitingPid, waitedSeconds: this.settleWaitSeconds },
+        `event delivery waits past id ${this.#head}: a transaction that drew the next event id is still open (waitingPid, on a primary) or, on a standby, the oldest transaction of the primary`)
+    }
   }
 
   /** Heartbeats for the streams that have been quiet for keepAliveMs. */

@@ -1,0 +1,37 @@
+import type pg from 'pg'
+
+/*
+ * The event log's upkeep, on a connection that may write (never the request
+ * pool). Today: the clock that lets a hot standby settle the event order
+ * (migration 0003). Run by one replica at a time: the holder of UPKEEP_LOCK.
+ */
+
+/** Session-level advisory lock held by the replica that keeps the event log. */
+export const UPKEEP_LOCK = 7_061_737_470_931_417_002n
+
+/** True when this session now holds the upkeep lock (it keeps it until the session ends). */
+export async function tryLeadUpkeep (client: pg.ClientBase): Promise<boolean> {
+  const { rows: [row] } = await client.query<{ leads: boolean }>('select pg_try_advisory_lock($1::bigint) as leads', [UPKEEP_LOCK.toString()])
+  return row!.leads
+}
+
+/**
+ * Writes the clock: the sequence's value read BEFORE this transaction holds
+ * an id, then that id. Every event id at or below the value was drawn by a
+ * transaction whose id is below this one's (writers take theirs before they
+ * draw), so a snapshot whose xmin has passed it sees each of those events or
+ * never will.
+ */
+export async function writeClock (client: pg.ClientBase): Promise<void> {
+  await client.query('begin')
+  try {
+    const { rows: [drawn] } = await client.query<{ value: string }>(
+      'select (case when is_called then last_value else last_value - 1 end)::text as value from events_event_id_seq')
+    await client.query(
+      'update event_log_state set clock_value = $1, clock_xid = pg_current_xact_id(), clock_at = now()', [drawn!.value])
+    await client.query('commit')
+  } catch (err) {
+    await client.query('rollback').catch(() => {})
+    throw err
+  }
+}
