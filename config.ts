@@ -22,6 +22,7 @@ export const ConfigSchema = Type.Object({
   RUN_LIST_DEFAULT_LIMIT: Type.Integer({ default: 1000, minimum: 1, maximum: 1000 }),
   EVENTS_POLL_INTERVAL_MS: Type.Integer({ default: 250, minimum: 10, maximum: 60_000 }),
   EVENTS_CLOCK_INTERVAL_MS: Type.Integer({ default: 1000, minimum: 50, maximum: 60_000 }),
+  EVENTS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}[smhd]$', description: 'How long events are kept: 90s, 15m, 12h, 30d; absent: forever' })),
   SSE_KEEPALIVE_MS: Type.Integer({ default: 15_000, minimum: 100, maximum: 3_600_000 }),
   SSE_RETRY_MS: Type.Integer({ default: 2000, minimum: 0, maximum: 3_600_000 }),
   SSE_MAX_BUFFERED_BYTES: Type.Integer({ default: 1_048_576, minimum: 1024, maximum: 1_073_741_824 }),
@@ -68,4 +69,11 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
     throw new ConfigError('invalid configuration: CONNECTION_TIMEOUT_MS must be greater than SSE_KEEPALIVE_MS, or idle event streams would be cut')
   }
   return config
+}
+
+const DURATION_UNIT_MS = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const
+
+/** A duration as the configuration writes it (`90s`, `15m`, `12h`, `30d`; checked by ConfigSchema) in milliseconds. */
+export function durationMs (text: string): number {
+  return Number(text.slice(0, -1)) * DURATION_UNIT_MS[text.slice(-1) as keyof typeof DURATION_UNIT_MS]
 }

@@ -2,8 +2,9 @@ import type pg from 'pg'
 
 /*
  * The event log's upkeep, on a connection that may write (never the request
- * pool). Today: the clock that lets a hot standby settle the event order
- * (migration 0003). Run by one replica at a time: the holder of UPKEEP_LOCK.
+ * pool): the clock that lets a hot standby settle the event order
+ * (migration 0003), and the partitions that bound the history
+ * (db/event-partitions.ts). Run by one replica at a time: the holder of UPKEEP_LOCK.
  */
 
 /** Session-level advisory lock held by the replica that keeps the event log. */
@@ -15,21 +16,28 @@ export async function tryLeadUpkeep (client: pg.ClientBase): Promise<boolean> {
   return row!.leads
 }
 
+/** The history's floor: every event at or below it may be gone (EVENTS_RETENTION). */
+export async function readHistoryFloor (client: pg.ClientBase): Promise<number> {
+  const { rows: [row] } = await client.query<{ floor: string }>('select history_floor::text as floor from event_log_state')
+  return Number(row!.floor)
+}
+
 /**
- * Writes the clock: the sequence's value read BEFORE this transaction holds
+ * Writes the clock (and returns the history's floor): the sequence's value read BEFORE this transaction holds
  * an id, then that id. Every event id at or below the value was drawn by a
  * transaction whose id is below this one's (writers take theirs before they
  * draw), so a snapshot whose xmin has passed it sees each of those events or
  * never will.
  */
-export async function writeClock (client: pg.ClientBase): Promise<void> {
+export async function writeClock (client: pg.ClientBase): Promise<number> {
   await client.query('begin')
   try {
     const { rows: [drawn] } = await client.query<{ value: string }>(
       'select (case when is_called then last_value else last_value - 1 end)::text as value from events_event_id_seq')
-    await client.query(
-      'update event_log_state set clock_value = $1, clock_xid = pg_current_xact_id(), clock_at = now()', [drawn!.value])
+    const { rows: [state] } = await client.query<{ floor: string }>(
+      'update event_log_state set clock_value = $1, clock_xid = pg_current_xact_id(), clock_at = now() returning history_floor::text as floor', [drawn!.value])
     await client.query('commit')
+    return Number(state!.floor)
   } catch (err) {
     await client.query('rollback').catch(() => {})
     throw err

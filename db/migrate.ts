@@ -2,6 +2,7 @@ import { Kysely, Migrator, PostgresDialect } from 'kysely'
 import pg from 'pg'
 import { pathToFileURL } from 'node:url'
 import { migrations } from './migrations/index.js'
+import { prepareConversion, undoPreparation } from './migrations/0004_events_partitioned_by_id.js'
 
 export interface MigrationOutcome {
   /** Names of the migrations this call applied, in order (empty when already up to date). */
@@ -20,9 +21,12 @@ export async function migrateToLatest (connectionString: string): Promise<Migrat
     })
   })
   try {
+    // Migration 0004's one scan, outside the migrations' transaction, where it blocks no writer.
+    const prepared = await prepareConversion(db)
     const migrator = new Migrator({ db, provider: { getMigrations: async () => migrations } })
     const { error, results = [] } = await migrator.migrateToLatest()
     if (error !== undefined) {
+      if (prepared) await undoPreparation(db).catch(() => {})
       const failed = results.find((result) => result.status === 'Error')
       const where = failed ? `migration ${failed.migrationName} failed` : 'migrations failed'
       throw new Error(`${where}: ${(error as Error).message}`, { cause: error })

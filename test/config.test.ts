@@ -1,5 +1,5 @@
 import t from 'tap'
-import { ConfigError, loadConfig } from '../config.js'
+import { ConfigError, durationMs, loadConfig } from '../config.js'
 
 const url = 'postgres://postgres@127.0.0.1:5432/postgres'
 
@@ -65,10 +65,18 @@ t.test('a bad or missing value is refused, naming the variable', async (t) => {
     [{ DATABASE_URL: url, DB_CONNECT_TIMEOUT_MS: '1.5' }, /DB_CONNECT_TIMEOUT_MS/],
     [{ DATABASE_URL: url, MIGRATE_ON_START: 'perhaps' }, /MIGRATE_ON_START/],
     [{ DATABASE_URL: url, RUN_LIST_DEFAULT_LIMIT: '5000' }, /RUN_LIST_DEFAULT_LIMIT/],
+    ...['30', '10x', '0s', '-5s', '1.5h', '10 days', '30D', '1234567890s'].map((value): [Record<string, string>, RegExp] => [{ DATABASE_URL: url, EVENTS_RETENTION: value }, /EVENTS_RETENTION/]),
     [{ DATABASE_URL: url, CONNECTION_TIMEOUT_MS: '10000', SSE_KEEPALIVE_MS: '15000' }, /CONNECTION_TIMEOUT_MS must be greater than SSE_KEEPALIVE_MS/]
   ]
   for (const [env, pattern] of cases) {
     t.throws(() => loadConfig(env), ConfigError, JSON.stringify(env))
     t.throws(() => loadConfig(env), { message: pattern })
   }
+})
+
+t.test('EVENTS_RETENTION: a duration in seconds, minutes, hours or days; absent keeps every event', async (t) => {
+  t.notOk('EVENTS_RETENTION' in loadConfig({ DATABASE_URL: url }), 'absent by default')
+  t.notOk('EVENTS_RETENTION' in loadConfig({ DATABASE_URL: url, EVENTS_RETENTION: '' }), 'empty: the default')
+  t.equal(loadConfig({ DATABASE_URL: url, EVENTS_RETENTION: '90s' }).EVENTS_RETENTION, '90s')
+  t.same(['90s', '15m', '12h', '30d', '10s'].map(durationMs), [90_000, 900_000, 43_200_000, 2_592_000_000, 10_000])
 })

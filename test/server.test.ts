@@ -77,6 +77,9 @@ t.test('the server refuses a bad configuration, naming the variable', async (t) 
   const notPostgres = await run('server.ts', { DATABASE_URL: 'mysql://x/y' })
   t.equal(notPostgres.code, 1)
   t.match(notPostgres.stderr, /DATABASE_URL must match/)
+  const badRetention = await run('server.ts', { DATABASE_URL: 'postgres://x/y', EVENTS_RETENTION: '30 days' })
+  t.equal(badRetention.code, 1)
+  t.match(badRetention.stderr, /EVENTS_RETENTION must match pattern/)
 })
 
 t.test('the server exits non-zero when the database is unreachable at start', async (t) => {

@@ -2,6 +2,7 @@ import type { Migration } from 'kysely'
 import * as controlPlaneSchema from './0001_control_plane_schema.js'
 import * as eventStream from './0002_event_stream.js'
 import * as eventOrderWithoutLock from './0003_event_order_without_lock.js'
+import * as eventsPartitionedById from './0004_events_partitioned_by_id.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -11,5 +12,6 @@ import * as eventOrderWithoutLock from './0003_event_order_without_lock.js'
 export const migrations: Record<string, Migration> = {
   '0001_control_plane_schema': controlPlaneSchema,
   '0002_event_stream': eventStream,
-  '0003_event_order_without_lock': eventOrderWithoutLock
+  '0003_event_order_without_lock': eventOrderWithoutLock,
+  '0004_events_partitioned_by_id': eventsPartitionedById
 }

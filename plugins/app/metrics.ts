@@ -11,8 +11,9 @@ declare module 'fastify' {
 
 /**
  * Prometheus metrics: requests and their duration per route and status,
- * the database pool, open event streams, and the event poller's lag, plus
- * Node's process metrics. One registry per application instance.
+ * the database pool, open event streams, the event poller's lag, and the
+ * event log's upkeep (history floor, partitions, drops), plus Node's
+ * process metrics. One registry per application instance.
  */
 export default fp(async function metricsPlugin (app) {
   const registry = new Registry()
@@ -28,7 +29,7 @@ export default fp(async function metricsPlugin (app) {
     buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
     registers
   })
-  const { dbPool, events } = app
+  const { dbPool, events, eventLog } = app
   new Gauge({ // eslint-disable-line no-new
     name: 'db_pool_connections',
     help: 'Connections of the request pool: total open, idle, and requests waiting for one',
@@ -71,10 +72,44 @@ export default fp(async function metricsPlugin (app) {
     collect () { this.set(events.head ?? 0) }
   })
 
+  // The event log's upkeep: who keeps it, and the history it bounds (EVENTS_RETENTION).
+  if (eventLog !== undefined) {
+    new Gauge({ // eslint-disable-line no-new
+      name: 'event_log_keeper',
+      help: '1 on the replica that keeps the event log (clock, partitions, retention), else 0',
+      registers,
+      collect () { this.set(Number(eventLog.leading)) }
+    })
+    new Gauge({ // eslint-disable-line no-new
+      name: 'event_history_floor',
+      help: 'The history\'s floor: the highest event id removed by EVENTS_RETENTION (0: none); a cursor below it answers 410 cursor_expired (-1 before it is read)',
+      registers,
+      collect () { this.set(eventLog.historyFloor) }
+    })
+    new Gauge({ // eslint-disable-line no-new
+      name: 'event_log_partitions',
+      help: 'Partitions of the events table, the default one included, at the keeper\'s last pass (0 on other replicas)',
+      registers,
+      collect () { this.set(eventLog.leading ? eventLog.keeper.partitions : 0) }
+    })
+    new Counter({ // eslint-disable-line no-new
+      name: 'event_log_partitions_dropped_total',
+      help: 'Partitions of the events table this replica dropped because every event in them was older than EVENTS_RETENTION',
+      registers,
+      collect () { this.reset(); this.inc(eventLog.keeper.dropped) }
+    })
+    new Counter({ // eslint-disable-line no-new
+      name: 'event_log_default_rows_deleted_total',
+      help: 'Expired events this replica deleted from the default partition (ids past every range, written while the keeper was behind)',
+      registers,
+      collect () { this.reset(); this.inc(eventLog.keeper.deletedRows) }
+    })
+  }
+
   app.addHook('onResponse', async (request, reply) => {
     const labels = { method: request.method, route: routeOf(request), status_code: String(reply.statusCode) }
     requests.inc(labels)
     durations.observe(labels, reply.elapsedTime / 1000)
   })
   app.decorate('metrics', registry)
-}, { name: 'metrics', dependencies: ['db', 'events'] })
+}, { name: 'metrics', dependencies: ['db', 'events', 'event-log'] })

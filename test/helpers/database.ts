@@ -137,3 +137,24 @@ function serverFileDatabaseUrl (): Promise<string> {
     return withDatabase(url, name)
   })()
 }
+
+/**
+ * Another database for this file, empty (no migration applied), gone when
+ * the file's tests end: on the server, `<file database>_<suffix>`; on the
+ * embedded backend, a PGlite of its own.
+ */
+export async function extraDatabaseUrl (suffix: string): Promise<string> {
+  if (testBackend === 'embedded') {
+    const embedded = await startEmbeddedPostgres({ dataDir: 'memory://' })
+    t.teardown(() => embedded.close())
+    return embedded.url
+  }
+  const url = await serverDatabaseUrl()
+  const name = `${new URL(await testDatabaseUrl()).pathname.slice(1, 50)}_${suffix}`.slice(0, 63)
+  await withAdmin(url, async (admin) => {
+    await admin.query(`drop database if exists "${name}" with (force)`)
+    await admin.query(`create database "${name}"`)
+  })
+  t.teardown(() => withAdmin(url, (admin) => admin.query(`drop database if exists "${name}" with (force)`)))
+  return withDatabase(url, name)
+}
