@@ -9,6 +9,7 @@ export const ErrorCodes = {
   bad_request: 400,
   unauthorized: 401,
   unavailable: 503,
+  cursor_expired: 410,
   internal: 500
 } as const
 
@@ -36,6 +37,9 @@ export const notFound = (what: string) => new ApiError('not_found', `${what} not
 /** Load shedding (plugins/external/under-pressure.ts), and any 503 from the framework. */
 export const overloaded = new ApiError('unavailable', 'the service is overloaded, try again shortly')
 export const badRequest = (message: string) => new ApiError('bad_request', message)
+/** An event cursor (`name`) below the history's floor: events after it are gone (CONTRACT section 6). */
+export const cursorExpired = (name: string, cursor: number, floor: number) => new ApiError('cursor_expired',
+  `${name} ${cursor} is older than the event history kept (events up to ${floor} are gone): refetch what you show, then resume from the X-Event-Cursor of that read`)
 
 /** SQLSTATE classes and codes that mean "the database cannot serve now", not "the request is wrong". */
 const unavailableSqlStates = [

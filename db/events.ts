@@ -1,4 +1,4 @@
-import { sql } from 'kysely'
+import { sql, type Expression } from 'kysely'
 import { Event } from '../schemas/resources.js'
 import { rowObject } from './json.js'
 import type { Db } from './queries.js'
@@ -57,10 +57,16 @@ export async function settleBound (db: Db): Promise<SettleBound> {
   return { bound: Number(row!.bound), waitingPid: row!.waiting_pid }
 }
 
+/**
+ * The history's floor (EVENTS_RETENTION), one row: every event at or below
+ * it may be gone, so a cursor below it has missed events (410 cursor_expired).
+ */
+const historyFloor = sql<string>`(select history_floor from event_log_state)`
+
 /** Events `e` in (afterId, upTo] that match `filter`, the first `limit` of them in ascending id order. */
-function matchingAfter (db: Db, afterId: number, filter: EventFilter, limit: number, upTo?: number) {
+function matchingAfter (db: Db, afterId: number | Expression<string>, filter: EventFilter, limit: number, upTo?: number) {
   return db.selectFrom('events as e')
-    .where('e.event_id', '>', String(afterId))
+    .where('e.event_id', '>', typeof afterId === 'number' ? String(afterId) : afterId)
     .$if(upTo !== undefined, (query) => query.where('e.event_id', '<=', String(upTo)))
     .$if(filter.runId !== undefined, (query) => query.where('e.run_id', '=', filter.runId!))
     .$if(filter.threadId !== undefined, (query) => query.where('e.thread_id', '=', filter.threadId!))
@@ -86,28 +92,50 @@ export async function eventsAfter (db: Db, afterId: number, filter: EventFilter,
   return rows.map((row) => ({ id: Number(row.event_id), runId: row.run_id, threadId: row.thread_id, json: row.json }))
 }
 
+/**
+ * Like eventsAfter, with the history's floor read in the same statement:
+ * the events are only what the client missed when `afterId` is at or above it.
+ */
+export async function eventsAfterKept (db: Db, afterId: number, filter: EventFilter, limit: number, upTo?: number): Promise<{ floor: number, events: StoredEvent[] }> {
+  const page = matchingAfter(db, afterId, filter, limit, upTo)
+    .select(['e.event_id', 'e.run_id', 'e.thread_id', envelopeText.as('json')])
+  const rows = await db.selectFrom(sql<{ floor: string }>`(select ${historyFloor}::text as floor)`.as('s'))
+    .leftJoinLateral(page.as('p'), (join) => join.onTrue())
+    .select(['s.floor', 'p.event_id', 'p.run_id', 'p.thread_id', 'p.json'])
+    .orderBy('p.event_id')
+    .execute()
+  const events = rows.filter((row) => row.event_id !== null)
+    .map((row) => ({ id: Number(row.event_id), runId: row.run_id!, threadId: row.thread_id!, json: row.json! }))
+  return { floor: Number(rows[0]!.floor), events }
+}
+
 export interface EventPage {
   body: string
   /** Where the client resumes: the last event returned when the page is full, else the settled position. */
   cursor: string
+  /** The history's floor, read in the same statement. */
+  floor: number
 }
 
 /**
  * listEvents: a JSON page {events: [...]} of settled events after `afterId`
- * and its resume cursor, from one snapshot. `known` is a position settled
+ * (by default, after the history's floor: from the oldest event kept) and
+ * its resume cursor, from one snapshot. `known` is a position settled
  * before the statement (the hub's).
  */
-export async function listEvents (db: Db, afterId: number, filter: EventFilter, limit: number, known: number): Promise<EventPage> {
-  // Both uses of the position run in the statement's one snapshot, so they agree.
-  const page = matchingAfter(db, afterId, filter, limit)
+export async function listEvents (db: Db, afterId: number | undefined, filter: EventFilter, limit: number, known: number): Promise<EventPage> {
+  const after = afterId === undefined ? historyFloor : sql<string>`${String(afterId)}::bigint`
+  // Every use of the position and of the floor runs in the statement's one snapshot, so they agree.
+  const page = matchingAfter(db, after, filter, limit)
     .where('e.event_id', '<=', sql<string>`events_settled(${known}::bigint)`)
     .select(['e.event_id', envelope.as('item')])
   const row = await db.selectFrom(page.as('p'))
     .select([
       sql<string>`json_build_object('events', coalesce(json_agg(p.item order by p.event_id), '[]'::json))::text`.as('body'),
       sql<string>`case when count(*) = ${limit} then max(p.event_id)
-        else greatest(${String(afterId)}::bigint, ${settledPosition(known)}::bigint) end::text`.as('cursor')
+        else greatest(${after}, ${settledPosition(known)}::bigint) end::text`.as('cursor'),
+      sql<string>`${historyFloor}::text`.as('floor')
     ])
     .executeTakeFirstOrThrow()
-  return row
+  return { ...row, floor: Number(row.floor) }
 }

@@ -86,7 +86,7 @@ export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, T
 /** An event id given by a client: a non-negative integer, as text. */
 export const EventCursor = Type.String({
   pattern: EVENT_CURSOR_PATTERN,
-  description: 'An event_id: the stream resumes after it (0 replays from the first event)'
+  description: 'An event_id: the stream resumes after it (0 replays from the first event); below the history kept, 410 `cursor_expired`'
 })
 
 const eventFilters = {
@@ -117,6 +117,12 @@ export const commonErrors = {
   401: errorResponse('`unauthorized`: a missing or unknown bearer token (only when API_TOKENS is set)'),
   500: errorResponse('`internal`: an unexpected failure (a bug)'),
   503: errorResponse('`unavailable`: the database is unreachable or too slow, or the service is overloaded or shutting down')
+}
+
+/** The errors of a route that takes an event cursor. */
+export const eventCursorErrors = {
+  ...commonErrors,
+  410: errorResponse('`cursor_expired`: the cursor is older than the event history kept (EVENTS_RETENTION); refetch what you show, then resume from the X-Event-Cursor of that read')
 }
 
 export const notFoundErrors = { ...commonErrors, 404: errorResponse('`not_found`: no such run or thread') }

@@ -1,9 +1,10 @@
 import SwaggerParser from '@apidevtools/swagger-parser'
+import { sql } from 'kysely'
 import { Ajv } from 'ajv'
 import addFormats from 'ajv-formats'
 import t, { type Test } from 'tap'
 import { build } from './helpers/app.js'
-import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
+import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
 
 // The OpenAPI document: valid, complete against SPEC section 4, named
@@ -81,6 +82,7 @@ t.test('the event stream is documented as text/event-stream with its parameters'
   const parameters = (stream!.parameters ?? []).map((parameter) => `${parameter.in}:${parameter.name}`)
   for (const parameter of ['query:after_event_id', 'query:run_id', 'query:thread_id', 'header:last-event-id']) t.ok(parameters.includes(parameter), parameter)
   t.ok(doc.paths['/api/events']?.get, 'the JSON page too')
+  t.ok(stream!.responses['410'] && doc.paths['/api/events']!.get!.responses['410'], 'both document 410 cursor_expired')
 })
 
 t.test('real responses validate against the document\'s own schemas', async (t) => {
@@ -126,6 +128,19 @@ t.test('real responses validate against the document\'s own schemas', async (t) 
   await stream.waitFor((s) => s.events().length >= 1)
   const validateEvent = ajv.compile({ $ref: pointer('/api/events/stream', '200', 'text/event-stream') })
   t.ok(validateEvent(stream.events()[0]), 'a streamed event matches the document', { errors: validateEvent.errors })
+
+  // Cursors older than the history kept (EVENTS_RETENTION): both operations document the 410.
+  const db = await writer()
+  await sql`update event_log_state set history_floor = 1`.execute(db)
+  t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
+  const expiredPage = await app.inject('/api/events?after_event_id=0')
+  t.equal(expiredPage.statusCode, 410)
+  check('/api/events', '410', expiredPage.json(), 'GET /api/events?after_event_id=0 (410) matches the document')
+  const expiredStream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream?after_event_id=0')
+  await expiredStream.ended
+  t.equal(expiredStream.status, 410)
+  const validateExpired = ajv.compile({ $ref: `openapi.json#/paths/${'/api/events/stream'.replaceAll('/', '~1')}/get/responses/410/content/application~1json/schema` })
+  t.ok(validateExpired(JSON.parse(expiredStream.body)), 'a stream refused with 410 matches the document', { errors: validateExpired.errors })
 })
 
 t.test('/docs works with no network: every asset it loads is served here', async (t) => {
