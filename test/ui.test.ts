@@ -2,6 +2,7 @@ import { existsSync, mkdirSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import type { FastifyInstance } from 'fastify'
+import { sql } from 'kysely'
 import { chromium, type Browser, type Page } from 'playwright-core'
 import t, { type Test } from 'tap'
 import { build } from './helpers/app.js'
@@ -144,6 +145,28 @@ t.test('the page recovers after the service restarts', async (t) => {
   t.pass('and follows new changes')
   const [other] = await insertEvents({ run_id: 'run-other' })
   t.ok(other, 'events of other runs do not disturb it')
+})
+
+t.test('the page recovers by itself when the history has moved past its cursor (410 cursor_expired)', async (t) => {
+  const first = await serve(t)
+  const page = await openPage(t, `${first.url}/#/runs/run-ui`)
+  const refused: string[] = []
+  page.on('response', (response) => { if (response.status() === 410) refused.push(response.url()) })
+  await first.app.close()
+  await page.locator('.live:not(.is-live)').waitFor({ timeout: 5000 })
+  // While the page is away: a change, and a history whose floor (EVENTS_RETENTION) is past the page's cursor.
+  await commitTaskStatus('task-rounding', 'failed')
+  const db = await writer()
+  await sql`update event_log_state set history_floor = (select max(event_id) from events)`.execute(db)
+  t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
+  await serve(t, first.port)
+  await page.locator('tr[data-task="task-rounding"] .task-status', { hasText: 'failed' }).waitFor({ timeout: 10_000 })
+  await page.locator('.live.is-live').waitFor({ timeout: 5000 })
+  t.match(refused, [/\/api\/events\/stream\?run_id=run-ui&after_event_id=\d+$/], 'its stream was refused with 410')
+  t.pass('it refetched the run, and is live again')
+  await commitTaskStatus('task-rounding', 'blocked')
+  await page.locator('tr[data-task="task-rounding"] .task-status', { hasText: 'blocked' }).waitFor({ timeout: LIVE_WITHIN_MS })
+  t.pass('subscribed from the new cursor: it shows a change made afterwards')
 })
 
 t.test('the UI files are served with their types; / is the page', async (t) => {

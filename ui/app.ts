@@ -3,7 +3,9 @@
  * timeline, kept live by the event stream. It never patches data from
  * events (no local reducers): an event only says "something changed", and
  * the page refetches what it shows. It subscribes from the X-Event-Cursor
- * of the fetch it rendered, so nothing between fetch and subscribe is lost.
+ * of the fetch it rendered, so nothing between fetch and subscribe is lost;
+ * when the service refuses that cursor (410 cursor_expired: older than the
+ * history kept), it fetches and subscribes again.
  */
 
 // ---- API types (the parts the pages show) -------------------------------
@@ -148,6 +150,9 @@ function showLive (state: 'connecting' | 'live' | 'down', text: string) {
 
 interface Page { title: string, dataUrl: string, stream: string, render: (data: never) => HTMLElement }
 
+/** The least time between two starts of a page (fetch, then subscribe) after its stream was refused. */
+const RESTART_MS = 2000
+
 /** Shows a page and keeps it current until stop() is called. */
 function mount (page: Page): () => void {
   const main = document.getElementById('app')!
@@ -156,6 +161,7 @@ function mount (page: Page): () => void {
   let retryTimer: ReturnType<typeof setTimeout> | undefined
   let stopped = false
   let loading: Promise<string | undefined> | undefined
+  let startedAt = 0
 
   /** Fetches and renders; returns the X-Event-Cursor the body was read at. */
   async function load (): Promise<string | undefined> {
@@ -194,9 +200,16 @@ function mount (page: Page): () => void {
     source.onerror = () => {
       dropped = true
       if (source?.readyState === EventSource.CLOSED) {
-        // The browser gave up (the service answered an error): start over shortly.
-        showLive('down', 'Offline · retrying…')
-        retryTimer = setTimeout(() => { void start() }, 2000)
+        // The browser gave up for good: the service answered something else
+        // than a stream. Most often 410 cursor_expired: the history kept
+        // (EVENTS_RETENTION) has moved past this page's cursor while it was
+        // away. Start over: refetch what the page shows and subscribe from
+        // that read's X-Event-Cursor. At once, unless the last start was
+        // moments ago (then in 2 s, so that a refusal that persists, a 401
+        // say, does not loop).
+        showLive('connecting', 'Catching up…')
+        clearTimeout(retryTimer)
+        retryTimer = setTimeout(() => { void start() }, Date.now() - startedAt < RESTART_MS ? RESTART_MS : 0)
       } else {
         showLive('connecting', 'Reconnecting…')
       }
@@ -204,15 +217,16 @@ function mount (page: Page): () => void {
   }
 
   async function start () {
+    startedAt = Date.now()
     source?.close()
     try {
       const cursor = await load()
       if (!stopped && cursor !== undefined) subscribe(cursor)
-      else if (!stopped) retryTimer = setTimeout(() => { void start() }, 2000)
+      else if (!stopped) retryTimer = setTimeout(() => { void start() }, RESTART_MS)
     } catch {
       if (stopped) return
       showLive('down', 'Offline · retrying…')
-      retryTimer = setTimeout(() => { void start() }, 2000)
+      retryTimer = setTimeout(() => { void start() }, RESTART_MS)
     }
   }
 
