@@ -3,6 +3,7 @@ import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { ConfigSchema } from '../config.js'
+import { ErrorCodes } from '../errors.js'
 
 // The documentation names every setting the code reads: the README's table
 // and .env.example stay in step with config.ts.
@@ -19,4 +20,10 @@ t.test('every configuration variable is documented', async (t) => {
   }
   const documented = [...readme.matchAll(/^\| `([A-Z_]+)` \|/gm)].map((match) => match[1])
   t.same(documented.filter((name) => !variables.includes(name!)), [], 'and the README documents no variable that does not exist')
+})
+
+t.test('every error code is documented, with its status', async (t) => {
+  for (const [code, status] of Object.entries(ErrorCodes)) {
+    t.match(readme, new RegExp(`^\\| ${status} \\| \`${code}\` \\|`, 'm'), `README's error table has ${status} ${code}`)
+  }
 })
