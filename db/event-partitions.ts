@@ -247,11 +247,11 @@ export interface KeeperOptions {
  * The policy, one pass at a time: ranges ahead of the sequence, sized by its
  * observed rate so that a range spans about a quarter of the retention (a
  * day without one); then, with a retention, the range being filled closed
- * once its first event is that old, settled ranges whose events have all
+ * once it and its first event are that old, settled ranges whose events have all
  * expired dropped (lowest first, so everything at or below the floor is
  * gone), and the default partition's expired rows deleted. An event is so
- * gone within retention + span + a pass or two of its created_at: within
- * twice the retention.
+ * gone within retention + span + a pass or two of its created_at (a span
+ * more after the keeper changes hands): within twice the retention.
  */
 export class PartitionKeeper {
   /** Partitions of the events table at the last pass, the default one included. */
@@ -265,6 +265,8 @@ export class PartitionKeeper {
   #skipped = 0
   /** Newest created_at of settled partitions, by name: they receive no more events. */
   readonly #newest = new Map<string, number | null>()
+  /** When this keeper first saw the sequence inside a range (epoch ms), by name. */
+  readonly #openedAt = new Map<string, number>()
 
   constructor (readonly options: KeeperOptions) {}
 
@@ -333,13 +335,23 @@ export class PartitionKeeper {
     }
   }
 
-  /** Closes the range the sequence is in once its first event is older than a span, so that it can expire as one. */
+  /**
+   * Closes the range the sequence is in once its first event is older than
+   * a span, so that it can expire as one. Not before the range has been
+   * open a span, too: events written with an older created_at than their
+   * time of writing would otherwise close a range on every pass.
+   */
   async #closeOpenRange (client: pg.ClientBase, partitions: EventPartitions, drawn: number, nowMs: number): Promise<void> {
     const open = partitions.ranges.find((range) => startOf(range) <= drawn + 1 && drawn + 1 < range.end)
     if (open === undefined) return
+    if (!this.#openedAt.has(open.name)) this.#openedAt.set(open.name, nowMs)
+    if (nowMs - this.#openedAt.get(open.name)! < this.spanMs) return
     const first = await firstCreatedAt(client, open.name)
     if (first === null || nowMs - first < this.spanMs) return
+    // The ids after the jump must find their ranges: made first, as if the sequence were already there.
+    await this.#makeRangesAhead(client, partitions, open.end - 1)
     if (await closeRange(client, drawn, open.end, this.options.lockTimeoutMs)) {
+      this.#openedAt.delete(open.name)
       this.#skipped += open.end - 1 - drawn
       this.options.log.debug({ partition: open.name, from: drawn, to: open.end - 1 }, 'event history: range closed (the sequence moved to its end)')
     }
