@@ -99,14 +99,15 @@ export async function up (db: Kysely<any>): Promise<void> {
 
   const legacyLock = lockedEventOrder.EVENTS_WRITE_LOCK
   await sql`
-    create or replace function events_settle_bound(out bound bigint, out waiting_pid integer)
+    create or replace function events_settle_bound(out bound bigint, out waiting_pid integer, out clock_age double precision)
     language plpgsql volatile security definer set search_path from current as $$
     declare
       drawn bigint;
     begin
       if pg_is_in_recovery() then
-        select s.clock_value into bound from event_log_state s
-          where s.clock_xid <= pg_snapshot_xmin(pg_current_snapshot());
+        select case when s.clock_xid <= pg_snapshot_xmin(pg_current_snapshot()) then s.clock_value else 0 end,
+               extract(epoch from clock_timestamp() - s.clock_at)
+          into bound, clock_age from event_log_state s;
         bound := coalesce(bound, 0);
         return;
       end if;
