@@ -24,8 +24,10 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
   await migrateToLatest(primary)
   await pg15.waitForReplay()
 
-  const config = loadConfig({ DATABASE_URL: primary, DATABASE_READ_URL: reader, LOG_LEVEL: 'silent', MAX_EVENT_LOOP_DELAY_MS: '0' })
-  const app = await buildApp({ ...config, EVENTS_POLL_INTERVAL_MS: 20, EVENTS_CLOCK_INTERVAL_MS: 50 })
+  const config = loadConfig({ DATABASE_URL: primary, DATABASE_READ_URL: reader, LOG_LEVEL: 'info', MAX_EVENT_LOOP_DELAY_MS: '0' })
+  const lines: Array<{ msg: string, clockAgeSeconds?: number }> = []
+  const logStream = { write: (line: string) => { lines.push(JSON.parse(line)) } }
+  const app = await buildApp({ ...config, EVENTS_POLL_INTERVAL_MS: 20, EVENTS_CLOCK_INTERVAL_MS: 50 }, { logger: { level: 'info', stream: logStream } })
   t.teardown(() => app.close())
   await app.listen({ port: 0, host: '127.0.0.1' })
   const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
@@ -98,6 +100,20 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
   const page = await (await fetch(`${url}/api/events?after_event_id=${base}&limit=1000`)).json() as { events: Array<{ event_id: number }> }
   t.same(page.events.map((event) => event.event_id), ids(committed), 'GET /api/events lists the same')
   t.ok(rolledBack > 0, `${rolledBack} transactions rolled back, their ids holes the standby settled by the clock`)
+
+  // A writer left open on the primary: on the standby, the hole below the
+  // next event waits for the clock, and after five seconds the log says so.
+  const held = await pool.connect()
+  await held.query('begin')
+  await held.query(`insert into events (event_type) values ('held')`)
+  const [after] = (await pool.query(`insert into events (event_type) values ('after_held') returning event_id`)).rows
+  await new Promise((resolve) => setTimeout(resolve, 5600))
+  const waiting = lines.find((line) => line.msg.startsWith('event delivery waits past id'))
+  t.match(waiting, { msg: /on a hot standby it waits for the clock/, clockAgeSeconds: Number }, 'on a standby, the wait is logged with the clock\'s age')
+  t.notOk(streams.all.events().some((event) => event.event_id === Number(after.event_id)), 'and the event above the hole has not been sent')
+  await held.query('commit')
+  held.release()
+  await streams.all.waitFor((s) => s.events().some((event) => event.event_id === Number(after.event_id)), 10_000)
 
   const primaryLog = pg15.log('primary').slice(primaryLogBefore)
   t.notMatch(primaryLog, /application_name=ocp-api$/m, 'no connection of the request pool reached the primary')
