@@ -393,6 +393,8 @@ async function main () {
     const servicePath = await describeEventsWritePath(counters[SERVICE])
     const barePath = await describeEventsWritePath(counters[BARE])
 
+    // The load average says whether something else shared the two cores (the ratios are side by side; the tps are not).
+    const loadAtStart = loadavg()[0]!
     console.log(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, load average ${loadavg().map((n) => n.toFixed(2)).join(' ')}; ` +
       `Node.js ${process.version}, Postgres ${version} (synchronous_commit ${synchronousCommit}), ${binary === 'pgbench' ? 'pgbench' : binary}; commit ${gitDescription()}`)
     console.log(`${SERVICE}: migrations ${applied.join(', ')}; ${servicePath}`)
@@ -417,7 +419,9 @@ async function main () {
     figure('probe_delay_at_most', { hold_ms: HOLD_MS }, held.max, 'ms')
 
     // ---- summary
-    console.log(`\n## Event writers: ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, commit ${gitDescription()}\n`)
+    console.log(`\n## Event writers: ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, commit ${gitDescription()}, ` +
+      `load average (1 min) ${loadAtStart.toFixed(2)} at the start, ${loadavg()[0]!.toFixed(2)} at the end\n`)
+    console.log(`service: migrations ${applied.join(', ')}; bare: the same without the service's triggers and functions on events\n`)
     console.log(table(
       ['writers', 'bare tx/s by round', 'service tx/s by round', 'service / bare by round', 'median service / bare', 'target', 'verdict'],
       results.map(({ clients, bare, service, ratios }) => {
