@@ -393,7 +393,8 @@ async function main () {
     const servicePath = await describeEventsWritePath(counters[SERVICE])
     const barePath = await describeEventsWritePath(counters[BARE])
 
-    // The load average says whether something else shared the two cores (the ratios are side by side; the tps are not).
+    // The load average before anything is measured says whether something else shares the two
+    // cores (the ratios are taken side by side; the tps are not). Later it counts the benchmark itself.
     const loadAtStart = loadavg()[0]!
     console.log(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, load average ${loadavg().map((n) => n.toFixed(2)).join(' ')}; ` +
       `Node.js ${process.version}, Postgres ${version} (synchronous_commit ${synchronousCommit}), ${binary === 'pgbench' ? 'pgbench' : binary}; commit ${gitDescription()}`)
@@ -420,7 +421,7 @@ async function main () {
 
     // ---- summary
     console.log(`\n## Event writers: ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, commit ${gitDescription()}, ` +
-      `load average (1 min) ${loadAtStart.toFixed(2)} at the start, ${loadavg()[0]!.toFixed(2)} at the end\n`)
+      `load average (1 min) ${loadAtStart.toFixed(2)} before it started\n`)
     console.log(`service: migrations ${applied.join(', ')}; bare: the same without the service's triggers and functions on events\n`)
     console.log(table(
       ['writers', 'bare tx/s by round', 'service tx/s by round', 'service / bare by round', 'median service / bare', 'target', 'verdict'],
