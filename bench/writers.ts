@@ -375,6 +375,9 @@ function table (header: string[], lines: string[][]): string {
 }
 
 async function main () {
+  // The load average before the benchmark does anything says whether something else shares the
+  // two cores (the ratios are taken side by side; the tps are not). Later it counts the benchmark too.
+  const load = loadavg()
   const binary = findPgbench()
   const scriptDir = mkdtempSync(join(tmpdir(), 'ocp-bench-writers-'))
   const script = join(scriptDir, 'orchestrator-transaction.sql')
@@ -393,10 +396,7 @@ async function main () {
     const servicePath = await describeEventsWritePath(counters[SERVICE])
     const barePath = await describeEventsWritePath(counters[BARE])
 
-    // The load average before anything is measured says whether something else shares the two
-    // cores (the ratios are taken side by side; the tps are not). Later it counts the benchmark itself.
-    const loadAtStart = loadavg()[0]!
-    console.log(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, load average ${loadavg().map((n) => n.toFixed(2)).join(' ')}; ` +
+    console.log(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, load average ${load.map((n) => n.toFixed(2)).join(' ')}; ` +
       `Node.js ${process.version}, Postgres ${version} (synchronous_commit ${synchronousCommit}), ${binary === 'pgbench' ? 'pgbench' : binary}; commit ${gitDescription()}`)
     console.log(`${SERVICE}: migrations ${applied.join(', ')}; ${servicePath}`)
     console.log(`${BARE}: the same, then ${stripped.join(', ')}; ${barePath}`)
@@ -421,7 +421,7 @@ async function main () {
 
     // ---- summary
     console.log(`\n## Event writers: ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, commit ${gitDescription()}, ` +
-      `load average (1 min) ${loadAtStart.toFixed(2)} before it started\n`)
+      `load average (1 min) ${load[0]!.toFixed(2)} before it started\n`)
     console.log(`service: migrations ${applied.join(', ')}; bare: the same without the service's triggers and functions on events\n`)
     console.log(table(
       ['writers', 'bare tx/s by round', 'service tx/s by round', 'service / bare by round', 'median service / bare', 'target', 'verdict'],
