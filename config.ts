@@ -10,6 +10,10 @@ export const ConfigSchema = Type.Object({
     pattern: '^postgres(ql)?://',
     description: 'Postgres connection URL, postgres://user:password@host:port/database; absent: the embedded database'
   })),
+  DATABASE_READ_URL: Type.Optional(Type.String({
+    pattern: '^postgres(ql)?://',
+    description: 'Where every read goes (a hot standby, say); DATABASE_URL then serves only migrations and the event log\'s upkeep'
+  })),
   PGLITE_DATA_DIR: Type.String({ default: 'data/pglite', minLength: 1 }),
   PGLITE_PORT: Type.Integer({ default: 0, minimum: 0, maximum: 65535 }),
   HOST: Type.String({ default: '0.0.0.0', minLength: 1 }),
@@ -63,6 +67,10 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
     config = envSchema<Config>({ schema: structuredClone(ConfigSchema), data, env: false, dotenv: false })
   } catch (err) {
     throw new ConfigError(`invalid configuration: ${(err as Error).message}`)
+  }
+  // DATABASE_URL is where migrations and the event log's upkeep go: reads alone elsewhere would leave both undone.
+  if (config.DATABASE_READ_URL !== undefined && config.DATABASE_URL === undefined) {
+    throw new ConfigError('invalid configuration: DATABASE_READ_URL needs DATABASE_URL (the primary, for migrations and the event log\'s upkeep); to read from a hot standby alone, set DATABASE_URL to it instead')
   }
   // An idle stream writes a keep-alive every SSE_KEEPALIVE_MS: the idle-socket timeout must be longer.
   if (config.CONNECTION_TIMEOUT_MS <= config.SSE_KEEPALIVE_MS) {

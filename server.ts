@@ -1,15 +1,47 @@
 import closeWithGrace from 'close-with-grace'
+import type { FastifyInstance } from 'fastify'
 import { buildApp } from './app.js'
-import { ConfigError, loadConfig } from './config.js'
-import { migrateToLatest } from './db/migrate.js'
+import { ConfigError, loadConfig, type Config } from './config.js'
+import { migrateToLatest, pendingMigrations } from './db/migrate.js'
+
+/** How long a replica may take to show migrations this start has just applied to its primary. */
+const REPLAY_WAIT_MS = 10_000
+
+const pendingText = (names: string[]) => names.length === 1 ? `migration ${names[0]} is pending` : `migrations ${names.join(', ')} are pending`
+
+/**
+ * The schema before listening. A primary is migrated (MIGRATE_ON_START); a
+ * hot standby cannot be, so it must already have every migration, which
+ * reaches it from its primary. Reads elsewhere (DATABASE_READ_URL) need
+ * every migration too, once replayed.
+ */
+async function prepareSchema (app: FastifyInstance, config: Config) {
+  let applied: string[] = []
+  if (app.upkeepDatabaseUrl === undefined) { // DATABASE_URL names a hot standby (plugins/app/db.ts)
+    const pending = await pendingMigrations(app.databaseUrl)
+    if (pending.length > 0) {
+      throw new Error(`DATABASE_URL names a hot standby on which ${pendingText(pending)}: apply pending migrations to ` +
+        'its primary (npm run migrate with DATABASE_URL set to the primary), then start again; a standby is never migrated')
+    }
+    app.log.info({ MIGRATE_ON_START: config.MIGRATE_ON_START },
+      'DATABASE_URL names a hot standby, which has every migration: nothing is migrated there, whatever MIGRATE_ON_START says')
+  } else if (config.MIGRATE_ON_START) {
+    ({ applied } = await migrateToLatest(app.databaseUrl))
+    app.log.info({ applied }, applied.length === 0 ? 'database schema up to date' : 'database migrated')
+  }
+  if (app.readDatabaseUrl !== app.databaseUrl) {
+    const pending = await pendingMigrations(app.readDatabaseUrl, applied.length > 0 ? REPLAY_WAIT_MS : 0)
+    if (pending.length > 0) {
+      throw new Error(`on the database at DATABASE_READ_URL, ${pendingText(pending)}: apply pending migrations to ` +
+        'the primary, and check that DATABASE_READ_URL names a replica of the database at DATABASE_URL')
+    }
+  }
+}
 
 async function main () {
   const config = loadConfig()
   const app = await buildApp(config)
-  if (config.MIGRATE_ON_START) {
-    const { applied } = await migrateToLatest(app.databaseUrl)
-    app.log.info({ applied }, applied.length === 0 ? 'database schema up to date' : 'database migrated')
-  }
+  await prepareSchema(app, config)
   // SIGTERM or SIGINT: stop accepting, end the event streams (clients
   // reconnect elsewhere), finish in-flight requests, close the pool; exit
   // anyway after SHUTDOWN_GRACE_MS.

@@ -2,6 +2,7 @@
  * What the benchmarks share: the scales, the bench databases, the marker
  * that records what a database holds, and small process helpers.
  */
+import { execFileSync } from 'node:child_process'
 import { createServer } from 'node:net'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -100,3 +101,14 @@ export function freePort (): Promise<number> {
 }
 
 export const formatInt = (n: number) => Math.round(n).toLocaleString('en-US')
+
+/** The checkout's commit, and whether tracked files differ from it: printed beside the figures. */
+export function gitDescription (): string {
+  try {
+    const commit = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' }).trim()
+    const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], { cwd: root, encoding: 'utf8' }).trim() !== ''
+    return `${commit}${dirty ? ' (with uncommitted changes)' : ''}`
+  } catch {
+    return 'unknown'
+  }
+}

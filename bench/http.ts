@@ -26,7 +26,7 @@
 import autocannon from 'autocannon'
 import { Ajv2019 } from 'ajv/dist/2019.js'
 import addFormats from 'ajv-formats'
-import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process'
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { cpus, tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -34,7 +34,7 @@ import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { responseSchemas } from '../schemas/api.js'
 import { resourceSchemas } from '../schemas/resources.js'
-import { adminUrl, defaultDatabaseFor, formatInt, freePort, isScaleName, root, SCALES, sleep, withDatabase, type Marker, type ScaleName, type Targets } from './common.js'
+import { adminUrl, defaultDatabaseFor, formatInt, freePort, gitDescription, isScaleName, root, SCALES, sleep, withDatabase, type Marker, type ScaleName, type Targets } from './common.js'
 import { generate } from './generate.js'
 import { readFloorStatement, SQL_DIR, STATEMENTS, writeFloorStatements } from './sql.js'
 
@@ -577,16 +577,6 @@ function report (scale: ScaleName, rows: Row[]): string[] {
   const failures = rows.filter((row) => row.http.failures + (row.floor?.failures ?? 0) > 0)
   if (failures.length > 0) console.log(`\nWARNING: failed requests or transactions in: ${failures.map((row) => row.endpoint.label).join(', ')}`)
   return targets
-}
-
-function gitDescription (): string {
-  try {
-    const commit = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' }).trim()
-    const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], { cwd: root, encoding: 'utf8' }).trim() !== ''
-    return `${commit}${dirty ? ' (with uncommitted changes)' : ''}`
-  } catch {
-    return 'unknown'
-  }
 }
 
 async function main () {

@@ -45,6 +45,8 @@ export interface SettleBound {
   bound: number
   /** The backend of the event writer the bound waits for, when one holds it back (primary only). */
   waitingPid: number | null
+  /** How old the clock is, in seconds (standby only: there it is all the bound has). */
+  clockAge: number | null
 }
 
 /**
@@ -53,8 +55,8 @@ export interface SettleBound {
  * commit; on a standby, up to the clock the primary's upkeep writes.
  */
 export async function settleBound (db: Db): Promise<SettleBound> {
-  const { rows: [row] } = await sql<{ bound: string, waiting_pid: number | null }>`select bound, waiting_pid from events_settle_bound()`.execute(db)
-  return { bound: Number(row!.bound), waitingPid: row!.waiting_pid }
+  const { rows: [row] } = await sql<{ bound: string, waiting_pid: number | null, clock_age: number | null }>`select bound, waiting_pid, clock_age from events_settle_bound()`.execute(db)
+  return { bound: Number(row!.bound), waitingPid: row!.waiting_pid, clockAge: row!.clock_age }
 }
 
 /**

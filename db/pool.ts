@@ -51,3 +51,20 @@ export function createReadPool (options: ReadPoolOptions): pg.Pool {
 export function createDb (pool: pg.Pool): Kysely<Database> {
   return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) })
 }
+
+/**
+ * Whether the server at `connectionString` is a hot standby: in recovery,
+ * replaying a primary's WAL, so that nothing can be written there.
+ */
+export async function isHotStandby (connectionString: string, connectTimeoutMs?: number): Promise<boolean> {
+  const client = new pg.Client({ connectionString, connectionTimeoutMillis: connectTimeoutMs, application_name: 'ocp-api-role-check' })
+  // A connection lost between statements is reported by the next one; this keeps it from being an unhandled 'error'.
+  client.on('error', () => {})
+  await client.connect()
+  try {
+    const { rows } = await client.query<{ standby: boolean }>('select pg_is_in_recovery() as standby')
+    return rows[0]!.standby
+  } finally {
+    await client.end()
+  }
+}

@@ -6,8 +6,9 @@ import type { ArtifactsTable, Database, EventsTable, MessagesTable, RunsTable, T
  * what the demo and the tests write with. Each change and the event that
  * announces it commit in ONE transaction (the outbox pattern), so a
  * subscriber never sees an event for a change it cannot read, nor a change
- * without its event. The event is inserted last: the ordering lock it takes
- * (migration 0002) is then held only until the commit.
+ * without its event. Its event_id is left out: the column's default
+ * registers the transaction as an event writer and draws the id (migration
+ * 0003); writers never wait for each other.
  *
  * This service's own request path never writes: its sessions are
  * read-only. These functions need a connection with write rights.

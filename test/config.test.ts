@@ -50,6 +50,15 @@ t.test('values are parsed from their text', async (t) => {
   t.match(config, { PORT: 9090, HOST: '127.0.0.1', LOG_LEVEL: 'debug', DB_POOL_MAX: 3, DB_STATEMENT_TIMEOUT_MS: 250, MIGRATE_ON_START: false, RUN_LIST_DEFAULT_LIMIT: 50 })
 })
 
+t.test('DATABASE_READ_URL: where reads go, beside DATABASE_URL', async (t) => {
+  const read = 'postgres://ocp_reader@replica:5432/ocp'
+  t.match(loadConfig({ DATABASE_URL: url, DATABASE_READ_URL: read }), { DATABASE_URL: url, DATABASE_READ_URL: read })
+  t.notOk('DATABASE_READ_URL' in loadConfig({ DATABASE_URL: url, DATABASE_READ_URL: '' }), 'empty: reads go to DATABASE_URL')
+  t.throws(() => loadConfig({ DATABASE_URL: url, DATABASE_READ_URL: 'mysql://x' }), { message: /DATABASE_READ_URL must match/ })
+  t.throws(() => loadConfig({ DATABASE_READ_URL: read }), ConfigError, 'not without DATABASE_URL')
+  t.throws(() => loadConfig({ DATABASE_READ_URL: read }), { message: /DATABASE_READ_URL needs DATABASE_URL .*set DATABASE_URL to it instead/ })
+})
+
 t.test('an empty variable means its default', async (t) => {
   t.equal(loadConfig({ DATABASE_URL: url, PORT: '' }).PORT, 8080)
 })

@@ -100,6 +100,10 @@ t.test('concurrent writers committing in random order: every subscriber gets eve
 
   const committed: Array<{ id: number, run: string }> = []
   let rolledBack = 0
+  // A subscriber that drops after the first round and resumes with Last-Event-ID.
+  const firstLeg = await openStream(url, `/api/events/stream?after_event_id=${base}`)
+  t.teardown(firstLeg.close)
+  let resumed: Awaited<ReturnType<typeof openStream>> | undefined
   const pool = new pg.Pool({ connectionString: await testDatabaseUrl(), max: WRITERS })
   pool.on('error', () => {}) // idle connections cut when the file's database is dropped
   t.teardown(() => pool.end())
@@ -116,7 +120,8 @@ t.test('concurrent writers committing in random order: every subscriber gets eve
           'insert into events (event_type, run_id, thread_id, payload) values ($1, $2, $3, $4) returning event_id',
           ['task_running', run, `thread-${run}`, JSON.stringify({ writer, round })]
         )
-        await connection.query('select pg_sleep($1)', [Math.random() * 0.02])
+        // Some writers hold their transaction open for half a second after the insert.
+        await connection.query('select pg_sleep($1)', [writer % 16 === 0 ? 0.5 : Math.random() * 0.02])
         if (writer % 7 === 3) {
           await connection.query('rollback')
           rolledBack++
@@ -128,6 +133,13 @@ t.test('concurrent writers committing in random order: every subscriber gets eve
         connection.release()
       }
     }))
+    if (round === 0) {
+      await firstLeg.waitFor((s) => s.events().length >= 1, 10_000)
+      firstLeg.close()
+      const lastId = firstLeg.events().at(-1)!.event_id
+      resumed = await openStream(url, `/api/events/stream?after_event_id=${base}`, { 'last-event-id': String(lastId) })
+      t.teardown(resumed.close)
+    }
   }
 
   const expected = {
@@ -145,6 +157,8 @@ t.test('concurrent writers committing in random order: every subscriber gets eve
   await check('run filter', streams.runA, expected.runA)
   await check('thread filter', streams.threadB, expected.threadB)
   await check('run and thread', streams.runCThreadC, expected.runCThreadC)
+  await resumed!.waitFor((s) => firstLeg.events().length + s.events().length >= expected.all.length, 10_000)
+  t.same([...firstLeg.events(), ...resumed!.events()].map((event) => event.event_id), expected.all, 'dropped and resumed with Last-Event-ID: every event once, ascending, across both legs')
   t.ok(rolledBack > 0, `${rolledBack} transactions rolled back, their events never seen`)
 
   // The same holds for a late subscriber catching up from the table.

@@ -63,6 +63,14 @@ t.test('/ready: 200 when the database answers, 503 when not; /health stays 200',
   t.equal((await down.inject('/health')).statusCode, 200)
 })
 
+t.test('/metrics before the poller has read anything: no lag, head 0', async (t) => {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 60_000 })
+  const text = (await app.inject('/metrics')).body
+  t.match(text, /^event_poller_lag_seconds -1$/m)
+  t.match(text, /^event_poller_head 0$/m)
+  t.match(text, /^event_settle_wait_seconds 0$/m)
+})
+
 t.test('/metrics: requests by route and status, the pool, streams, the poller', async (t) => {
   const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20 })
   await app.inject('/api/runs')

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { EventSource } from 'eventsource'
+import pg from 'pg'
 import t from 'tap'
 import { testDatabaseUrl } from './helpers/database.js'
 import { insertEvents } from './helpers/sse.js'
@@ -12,7 +13,8 @@ import { freePort, sleep, waitUntil } from './helpers/wait.js'
 // Three replicas behind Debian's nginx, with the config shipped in
 // deploy/nginx: one replica is killed while clients stream through the
 // proxy; their EventSources reconnect to the others, resume from
-// Last-Event-ID, and receive every event exactly once.
+// Last-Event-ID, and receive every event exactly once, while writers commit
+// out of order, some roll back, and some stay open for a second.
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 const NGINX = process.env.NGINX_BIN ?? '/usr/sbin/nginx'
@@ -84,19 +86,39 @@ http {
   t.teardown(() => { for (const client of clients) client.source.close() })
   await waitUntil(() => clients.every((client) => client.opens === 1), 'the clients to connect', 30_000)
 
-  // A writer commits events steadily; one replica is killed in the middle.
+  // Writers commit events out of order (four at a time, sleeping at random
+  // around the insert), some roll back, some hold their transaction open
+  // for a second; one replica is killed in the middle.
   const written: Array<{ id: number, run: string }> = []
-  const writing = (async () => {
-    for (let i = 0; i < 60; i++) {
+  const pool = new pg.Pool({ connectionString: databaseUrl, max: 4 })
+  pool.on('error', () => {})
+  t.teardown(() => pool.end())
+  const writeOne = async (i: number) => {
+    const connection = await pool.connect()
+    try {
       const run = i % 3 === 0 ? 'other-run' : 'so-run'
-      const [id] = await insertEvents({ run_id: run, summary: `event ${i}` })
-      written.push({ id: id!, run })
-      await sleep(25)
+      await connection.query('begin')
+      await connection.query('select pg_sleep($1)', [Math.random() * 0.02])
+      const { rows: [row] } = await connection.query(
+        'insert into events (event_type, run_id, summary) values ($1, $2, $3) returning event_id', ['task_added', run, `event ${i}`])
+      await connection.query('select pg_sleep($1)', [i % 20 === 5 ? 1 : Math.random() * 0.02])
+      if (i % 9 === 4) {
+        await connection.query('rollback')
+        return
+      }
+      await connection.query('commit')
+      written.push({ id: Number(row.event_id), run })
+    } finally {
+      connection.release()
     }
+  }
+  const writing = (async () => {
+    for (let i = 0; i < 80; i += 4) await Promise.all([i, i + 1, i + 2, i + 3].map(writeOne))
   })()
   await sleep(500)
   replicas[0]!.process.kill('SIGKILL')
   await writing
+  written.sort((a, b) => a.id - b.id)
 
   const all = written.map((event) => event.id)
   const forRun = written.filter((event) => event.run === 'so-run').map((event) => event.id)

@@ -42,6 +42,16 @@ t.test('a failing migration is reported by name, and rolls back', async (t) => {
   await client.end()
 })
 
+t.test('a database migrated by a version the service does not know is refused, with the reason', async (t) => {
+  const url = await emptyDatabase(t, 'migrate_newer')
+  await migrateToLatest(url)
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  await client.query(`insert into kysely_migration (name, timestamp) values ('9999_from_a_newer_version', now()::text)`)
+  await client.end()
+  await t.rejects(migrateToLatest(url), /^migrations failed: corrupted migrations: previously executed migration 9999_from_a_newer_version is missing/)
+})
+
 t.test('every migration can be rolled back', async (t) => {
   const url = await emptyDatabase(t, 'migrate_down')
   await migrateToLatest(url)

@@ -54,25 +54,29 @@ export async function up (db: Kysely<any>): Promise<void> {
     )`.execute(db)
   await sql`insert into event_log_state default values on conflict do nothing`.execute(db)
 
-  await sql`
-    create or replace function events_register_writer() returns void
-    language plpgsql volatile as $$
-    begin
+  // Registers the transaction as an event writer, once per transaction (a
+  // transaction-local setting remembers it; a rolled-back savepoint forgets
+  // it together with its lock). Inlined in events_next_id(), the column's
+  // default, because each plpgsql call costs the orchestrator's writes.
+  const registration = sql.raw(`
       if current_setting('ocp.events_writer', true) is distinct from 'on' then
         -- The transaction id first (the clock's argument needs every drawer
         -- to hold one before it draws), then the registration.
         perform pg_current_xact_id();
-        perform pg_advisory_xact_lock_shared(${sql.raw(REGISTRATION_KEY_BASE)} + coalesce(pg_sequence_last_value('events_event_id_seq'), 0));
+        perform pg_advisory_xact_lock_shared(${REGISTRATION_KEY_BASE} + coalesce(pg_sequence_last_value('events_event_id_seq'), 0));
         perform set_config('ocp.events_writer', 'on', true);
-      end if;
+      end if;`)
+  await sql`
+    create or replace function events_register_writer() returns void
+    language plpgsql volatile as $$
+    begin ${registration}
     end
     $$`.execute(db)
 
   await sql`
     create or replace function events_next_id() returns bigint
     language plpgsql volatile as $$
-    begin
-      perform events_register_writer();
+    begin ${registration}
       return nextval('events_event_id_seq');
     end
     $$`.execute(db)
@@ -99,14 +103,15 @@ export async function up (db: Kysely<any>): Promise<void> {
 
   const legacyLock = lockedEventOrder.EVENTS_WRITE_LOCK
   await sql`
-    create or replace function events_settle_bound(out bound bigint, out waiting_pid integer)
+    create or replace function events_settle_bound(out bound bigint, out waiting_pid integer, out clock_age double precision)
     language plpgsql volatile security definer set search_path from current as $$
     declare
       drawn bigint;
     begin
       if pg_is_in_recovery() then
-        select s.clock_value into bound from event_log_state s
-          where s.clock_xid <= pg_snapshot_xmin(pg_current_snapshot());
+        select case when s.clock_xid <= pg_snapshot_xmin(pg_current_snapshot()) then s.clock_value else 0 end,
+               extract(epoch from clock_timestamp() - s.clock_at)
+          into bound, clock_age from event_log_state s;
         bound := coalesce(bound, 0);
         return;
       end if;

@@ -141,8 +141,12 @@ export class EventLogUpkeep {
 
 /** Starts the upkeep where this service may write; see README "How the event order is settled". */
 export default fp(async function eventLogPlugin (app) {
+  if (app.upkeepDatabaseUrl === undefined) { // DATABASE_URL names a hot standby (plugins/app/db.ts says so)
+    app.decorate('eventLog', undefined)
+    return
+  }
   const upkeep = new EventLogUpkeep({
-    url: app.databaseUrl,
+    url: app.upkeepDatabaseUrl,
     clockIntervalMs: app.config.EVENTS_CLOCK_INTERVAL_MS,
     retentionMs: app.config.EVENTS_RETENTION === undefined ? undefined : durationMs(app.config.EVENTS_RETENTION),
     log: app.log.child({ component: 'event-log' })

@@ -8,19 +8,45 @@ import { freePort } from './wait.js'
 /*
  * A Postgres server of the test's own, in a temporary directory, that the
  * test may stop and start at will (never the machine's shared server).
- * Uses the installed server binaries (Debian: /usr/lib/postgresql/N/bin);
- * as root, it runs them as the `postgres` user, since initdb refuses root.
+ * Uses the installed server binaries (`pg_config --bindir`, or Debian's
+ * /usr/lib/postgresql/N/bin); as root, it runs them as the `postgres` user,
+ * since initdb refuses root.
  */
 
-function serverBinaries (): string {
-  const fromEnv = process.env.PG_BINDIR
-  if (fromEnv !== undefined && existsSync(join(fromEnv, 'initdb'))) return fromEnv
+/** The directory of the server binaries (initdb, pg_ctl, pg_basebackup), or undefined when none is installed. */
+export function findServerBinaries (): string | undefined {
+  const candidates = [process.env.PG_BINDIR]
+  try {
+    candidates.push(execFileSync('pg_config', ['--bindir'], { stdio: 'pipe' }).toString().trim())
+  } catch {} // no pg_config on the PATH: look where Debian puts the servers
   const versions = existsSync('/usr/lib/postgresql') ? readdirSync('/usr/lib/postgresql').sort((a, b) => Number(b) - Number(a)) : []
-  for (const version of versions) {
-    const dir = `/usr/lib/postgresql/${version}/bin`
-    if (existsSync(join(dir, 'initdb'))) return dir
+  candidates.push(...versions.map((version) => `/usr/lib/postgresql/${version}/bin`))
+  return candidates.find((dir) => dir !== undefined && dir !== '' && existsSync(join(dir, 'initdb')))
+}
+
+/** A temporary directory the server binaries may write in, and how to run them (as `postgres` when we are root). */
+export interface ServerWorkspace {
+  dir: string
+  run: (tool: string, args: string[]) => void
+  /** Gives a file we wrote to the user the server runs as. */
+  own: (path: string) => void
+}
+
+export function serverWorkspace (prefix: string): ServerWorkspace {
+  const bin = findServerBinaries()
+  if (bin === undefined) throw new Error('no Postgres server binaries (initdb, pg_ctl) found: install postgresql, or set PG_BINDIR')
+  const dir = mkdtempSync(join(tmpdir(), prefix))
+  const asRoot = userInfo().uid === 0
+  const owner = asRoot
+    ? { uid: Number(execFileSync('id', ['-u', 'postgres']).toString()), gid: Number(execFileSync('id', ['-g', 'postgres']).toString()) }
+    : undefined
+  const own = (path: string) => { if (owner !== undefined) chownSync(path, owner.uid, owner.gid) }
+  own(dir)
+  const run = (tool: string, args: string[]) => {
+    const command = asRoot ? ['runuser', '-u', 'postgres', '--', join(bin, tool), ...args] : [join(bin, tool), ...args]
+    execFileSync(command[0]!, command.slice(1), { stdio: 'pipe' })
   }
-  throw new Error('no Postgres server binaries (initdb, pg_ctl) found: install postgresql, or set PG_BINDIR')
+  return { dir, run, own }
 }
 
 export interface Cluster {
@@ -31,14 +57,7 @@ export interface Cluster {
 }
 
 export async function ownCluster (t: Test): Promise<Cluster> {
-  const bin = serverBinaries()
-  const dir = mkdtempSync(join(tmpdir(), 'ocp-pg-'))
-  const asRoot = userInfo().uid === 0
-  const run = (tool: string, args: string[]) => {
-    const command = asRoot ? ['runuser', '-u', 'postgres', '--', join(bin, tool), ...args] : [join(bin, tool), ...args]
-    execFileSync(command[0]!, command.slice(1), { stdio: 'pipe' })
-  }
-  if (asRoot) chownSync(dir, Number(execFileSync('id', ['-u', 'postgres']).toString()), Number(execFileSync('id', ['-g', 'postgres']).toString()))
+  const { dir, run } = serverWorkspace('ocp-pg-')
   const data = join(dir, 'data')
   run('initdb', ['-D', data, '-A', 'trust', '-U', 'postgres', '--no-sync', '-E', 'UTF8'])
   const port = await freePort()

@@ -128,7 +128,7 @@ export class EventHub {
   /** Reads and hands out every event settled since the head. */
   async poll (): Promise<void> {
     let head = await this.ready()
-    const { bound, waitingPid } = await settleBound(this.db)
+    const { bound, waitingPid, clockAge } = await settleBound(this.db)
     let settled = Math.max(head, bound)
     let hole = false
     for (;;) {
@@ -149,11 +149,11 @@ export class EventHub {
       if (hole || events.length < POLL_PAGE_SIZE) break
     }
     this.#lastPollAt = Date.now()
-    this.#noteWait(hole, waitingPid)
+    this.#noteWait(hole, waitingPid, clockAge)
   }
 
   /** Tracks how long an event above a hole has waited, and says so once it passes SETTLE_WAIT_LOG_MS. */
-  #noteWait (hole: boolean, waitingPid: number | null): void {
+  #noteWait (hole: boolean, waitingPid: number | null, clockAge: number | null): void {
     if (!hole || this.#head !== this.#waitingAt) {
       if (this.#waitLogged) this.options.log.info({ head: this.#head, waitedSeconds: this.settleWaitSeconds }, 'event delivery resumed: the id it waited for settled')
       this.#waitLogged = false
@@ -163,8 +163,11 @@ export class EventHub {
     }
     if (!this.#waitLogged && this.#lastPollAt - this.#waitingSince >= SETTLE_WAIT_LOG_MS) {
       this.#waitLogged = true
-      this.options.log.warn({ head: this.#head, waitingPid, waitedSeconds: this.settleWaitSeconds },
-        `event delivery waits past id ${this.#head}: a transaction that drew the next event id is still open (waitingPid, on a primary) or, on a standby, the oldest transaction of the primary`)
+      const why = clockAge === null
+        ? 'a transaction that drew the next event id is still open (waitingPid)'
+        : `on a hot standby it waits for the clock (${Math.round(clockAge)} s old) to pass the oldest open transaction of the primary; a clock older than a few seconds means no service keeps the event log on the primary (README, "How the event order is settled")`
+      this.options.log.warn({ head: this.#head, waitingPid, clockAgeSeconds: clockAge, waitedSeconds: this.settleWaitSeconds },
+        `event delivery waits past id ${this.#head}: ${why}`)
     }
   }
 

@@ -1,0 +1,165 @@
+import pg from 'pg'
+import t from 'tap'
+import { build } from './helpers/app.js'
+import { testDatabaseUrl } from './helpers/database.js'
+import { insertEvents, openStream } from './helpers/sse.js'
+
+// What the reader waits for, and what it does not (migration 0003, README
+// "How the event order is settled"): an id still in flight holds back the
+// stream, reads' X-Event-Cursor and event pages past it, and nothing else.
+
+async function client () {
+  const connection = new pg.Client({ connectionString: await testDatabaseUrl() })
+  await connection.connect()
+  return connection
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+async function listen (app: Awaited<ReturnType<typeof build>>) {
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  return `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
+}
+
+/** Opens a transaction that draws an event id and leaves it uncommitted. */
+async function openWriter (eventType = 'in_flight') {
+  const connection = await client()
+  await connection.query('begin')
+  const { rows: [row] } = await connection.query(`insert into events (event_type) values ($1) returning event_id`, [eventType])
+  return { connection, id: Number(row.event_id) }
+}
+
+t.test('an id in flight holds back the stream, X-Event-Cursor and event pages, until it commits or rolls back', async (t) => {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20 })
+  const url = await listen(app)
+  const [base] = await insertEvents({ event_type: 'base' })
+  const stream = await openStream(url, `/api/events/stream?after_event_id=${base}`)
+  t.teardown(stream.close)
+
+  const held = await openWriter()
+  const [after] = await insertEvents({ event_type: 'committed_above' })
+  t.ok(after! > held.id, 'the later writer drew the higher id and committed first')
+  await sleep(300)
+  t.same(stream.events(), [], 'the stream waits: the event above the open one is not sent')
+
+  const runs = await app.inject({ url: '/api/runs' })
+  t.ok(Number(runs.headers['x-event-cursor']) < held.id, 'X-Event-Cursor stops below the id in flight')
+  const page = await app.inject({ url: `/api/events?after_event_id=${base}` })
+  t.same(page.json().events, [], 'the event page lists nothing past it either')
+  t.ok(Number(page.headers['x-event-cursor']) < held.id, 'and its cursor stays below it')
+
+  await held.connection.query('commit')
+  await held.connection.end()
+  await stream.waitFor((s) => s.events().length >= 2)
+  t.same(stream.events().map((event) => event.event_id), [held.id, after], 'both, once, ascending, as soon as it commits')
+  const settledRead = await app.inject({ url: '/api/runs' })
+  t.ok(Number(settledRead.headers['x-event-cursor']) >= after!, 'X-Event-Cursor moves past both')
+
+  // A rolled-back id is settled the moment its transaction ends.
+  const rolledBack = await openWriter('rolled_back')
+  const [later] = await insertEvents({ event_type: 'after_rollback' })
+  await rolledBack.connection.query('rollback')
+  await rolledBack.connection.end()
+  await stream.waitFor((s) => s.events().length >= 3)
+  t.same(stream.events().map((event) => event.event_id), [held.id, after, later], 'the hole left by the rollback holds nothing back')
+})
+
+t.test('a fetch-then-subscribe from X-Event-Cursor misses nothing while an id is in flight', async (t) => {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20 })
+  const url = await listen(app)
+  await insertEvents({ event_type: 'before' })
+  const held = await openWriter('late_commit')
+  await insertEvents({ event_type: 'early_commit' })
+  const read = await app.inject({ url: '/api/runs' })
+  const cursor = read.headers['x-event-cursor'] as string
+  await held.connection.query('commit')
+  await held.connection.end()
+  const stream = await openStream(url, `/api/events/stream?after_event_id=${cursor}`)
+  t.teardown(stream.close)
+  await stream.waitFor((s) => s.events().some((event) => event.event_type === 'late_commit') && s.events().some((event) => event.event_type === 'early_commit'))
+  const ids = stream.events().map((event) => event.event_id)
+  t.same(ids, [...ids].sort((a, b) => a - b), 'ascending')
+  t.equal(new Set(ids).size, ids.length, 'each once')
+})
+
+t.test('a transaction that wrote no event never holds the stream back', async (t) => {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20 })
+  const url = await listen(app)
+  const [base] = await insertEvents({ event_type: 'base' })
+  const stream = await openStream(url, `/api/events/stream?after_event_id=${base}`)
+  t.teardown(stream.close)
+  // Holds a transaction id, as an orchestrator's long transaction would, but draws no event id.
+  const bystander = await client()
+  await bystander.query('begin')
+  await bystander.query(`insert into runs (run_id, goal, summary, status) values ('bystander', 'g', 's', 'running')`)
+  const ids = await insertEvents({ event_type: 'one' }, { event_type: 'two' })
+  await stream.waitFor((s) => s.events().length >= 2, 2000)
+  t.same(stream.events().map((event) => event.event_id), ids, 'delivered while the other transaction stays open')
+  const page = await app.inject({ url: `/api/events?after_event_id=${base}` })
+  t.same(page.json().events.map((event: { event_id: number }) => event.event_id), ids)
+  await bystander.query('rollback')
+  await bystander.end()
+})
+
+t.test('a writer left open delays no other writer, and delivery waits only past its id', async (t) => {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20 })
+  const url = await listen(app)
+  const [below] = await insertEvents({ event_type: 'below' })
+  const stream = await openStream(url, `/api/events/stream?after_event_id=${below! - 1}`)
+  t.teardown(stream.close)
+  const held = await openWriter()
+  const started = Date.now()
+  const others = await Promise.all(Array.from({ length: 8 }, (_, i) => insertEvents({ event_type: `other_${i}` })))
+  t.ok(Date.now() - started < 2000, 'eight other writers committed while it stays open')
+  await stream.waitFor((s) => s.events().length >= 1)
+  await sleep(200)
+  t.same(stream.events().map((event) => event.event_id), [below], 'the event below it is delivered; those above wait')
+  await held.connection.query('commit')
+  await held.connection.end()
+  await stream.waitFor((s) => s.events().length >= 10)
+  t.same(stream.events().map((event) => event.event_id), [below, held.id, ...others.flat().sort((a, b) => a - b)])
+})
+
+t.test('the clock settles the order as a hot standby reads it: never past a writer in flight', async (t) => {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, EVENTS_CLOCK_INTERVAL_MS: 50 })
+  const admin = await client()
+  t.teardown(() => admin.end())
+  const settledByClock = async () => Number((await admin.query('select events_settled(0) as p')).rows[0].p)
+  const waitTicks = async (n: number) => {
+    const target = app.eventLog!.ticks + n
+    while (app.eventLog!.ticks < target) await sleep(20)
+  }
+  await insertEvents({ event_type: 'base' })
+  const held = await openWriter()
+  const [above] = await insertEvents({ event_type: 'above' })
+  await waitTicks(3)
+  const clock = (await admin.query('select clock_value from event_log_state')).rows[0]
+  t.ok(Number(clock.clock_value) >= above!, 'the clock has read the sequence past both ids')
+  t.ok(await settledByClock() < held.id, 'yet the clock settles nothing at or above the open writer\'s id: its transaction is older than the clock\'s')
+  await held.connection.query('commit')
+  await held.connection.end()
+  await waitTicks(2)
+  t.ok(await settledByClock() >= above!, 'once it has ended, the next clock settles both')
+})
+
+t.test('delivery that waits on a writer is a metric, and a log line after five seconds', async (t) => {
+  const lines: Array<{ level: number, msg: string, waitingPid?: number }> = []
+  const stream = { write: (line: string) => { lines.push(JSON.parse(line)) } }
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50 }, { logger: { level: 'info', stream } })
+  const held = await openWriter()
+  await insertEvents({ event_type: 'above' })
+  const pid = Number((await held.connection.query('select pg_backend_pid() as pid')).rows[0].pid)
+  await sleep(5600)
+  const metrics = (await app.inject({ url: '/metrics' })).body
+  const wait = Number(/^event_settle_wait_seconds ([\d.]+)$/m.exec(metrics)?.[1])
+  t.ok(wait >= 5, `event_settle_wait_seconds is ${wait}`)
+  const warning = lines.find((line) => line.msg.startsWith('event delivery waits past id'))
+  t.ok(warning, 'a warning says what delivery waits for')
+  t.equal(warning?.waitingPid, pid, 'and names the backend of the open writer')
+  await held.connection.query('commit')
+  await held.connection.end()
+  await sleep(300)
+  t.ok(lines.some((line) => line.msg.startsWith('event delivery resumed')), 'and one more line when it resumes')
+  const after = (await app.inject({ url: '/metrics' })).body
+  t.match(after, /^event_settle_wait_seconds 0$/m, 'the metric is back to 0')
+})

@@ -1,0 +1,197 @@
+import { Kysely, PostgresDialect } from 'kysely'
+import pg from 'pg'
+import t, { type Test } from 'tap'
+import { buildApp } from '../app.js'
+import { loadConfig } from '../config.js'
+import { migrateToLatest, pendingMigrations } from '../db/migrate.js'
+import { migrations } from '../db/migrations/index.js'
+import type { Database } from '../db/schema.js'
+import { addTask, createRun, dispatchTask, postMessage, recordChange } from '../db/writer.js'
+import { assertSchema } from './helpers/contract.js'
+import { withDatabase } from './helpers/database.js'
+import { makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
+import { runScript, type Outcome } from './helpers/run.js'
+import { openStream } from './helpers/sse.js'
+import { startReplicatedPostgres, standbySkipReason, type ReplicatedPostgres } from './helpers/standby.js'
+
+// The service on a hot standby (CONTRACT section 8), on a primary and a
+// streaming standby of the test's own. The service reads as a read-only
+// role that the primary's pg_hba.conf rejects: a read that reached the
+// primary would fail, and would show in the primary's log.
+
+const names = Object.keys(migrations)
+const lastMigration = names.at(-1)!
+
+/**
+ * Runs server.ts with `env` until `use` (given its base URL) is done, then
+ * stops it with SIGTERM; with `use` absent, it is expected not to listen.
+ */
+async function serve (env: Record<string, string>, use?: (base: string) => Promise<void>): Promise<Outcome> {
+  let using: Promise<void> | undefined
+  let failure: unknown
+  const outcome = await runScript('server.ts', { PORT: '0', HOST: '127.0.0.1', EVENTS_POLL_INTERVAL_MS: '50', ...env }, (stdout, child) => {
+    const match = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/.exec(stdout)
+    if (match === null || using !== undefined) return
+    if (use === undefined) { child.kill('SIGTERM'); return }
+    using = use(match[1]!).catch((err: unknown) => { failure = err }).finally(() => child.kill('SIGTERM'))
+  })
+  await using
+  if (failure !== undefined) throw failure
+  return outcome
+}
+
+/** One statement on `url`, over a connection of its own. */
+async function query (url: string, text: string, values: unknown[] = []): Promise<pg.QueryResultRow[]> {
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  try {
+    return (await client.query(text, values)).rows
+  } finally {
+    await client.end()
+  }
+}
+
+/** A read-write Kysely over `url`, as an orchestrator writes (on the primary). */
+function writerOn (t: Test, url: string): Kysely<Database> {
+  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: url, max: 2 }) }) })
+  t.teardown(() => db.destroy())
+  return db
+}
+
+const skip = standbySkipReason()
+
+t.test('the service on a primary and its hot standby', { skip }, async (t) => {
+  const pg15 = await startReplicatedPostgres(t)
+  const on = (url: string, database: string) => withDatabase(url, database)
+  // The database every subtest below reads: migrated by the service's own start in the first.
+  const database = 'ocp_replicated'
+  await pg15.createDatabase(database)
+  const primary = on(pg15.primaryUrl, database)
+  const reader = on(pg15.readerUrl, database)
+  const writer = writerOn(t, primary)
+  const written = { runId: 'run-replicated', taskId: 'task-replicated', threadId: 'thread-replicated' }
+  /** Every event id on the primary, in order. */
+  const eventIdsOnPrimary = async () => (await query(primary, 'select event_id from events order by event_id')).map((row) => Number(row.event_id))
+
+  await t.test('DATABASE_URL on the primary, DATABASE_READ_URL on the standby: migrations go to the primary, every read to the standby', async (t) => {
+    const primaryLogBefore = pg15.log('primary').length
+    const standbyLogBefore = pg15.log('standby').length
+    const outcome = await serve({ DATABASE_URL: primary, DATABASE_READ_URL: reader }, async (base) => {
+      const applied = await query(primary, 'select name from kysely_migration order by name')
+      t.same(applied.map((row) => row.name), names, 'the start migrated the primary')
+
+      // Fetch, then subscribe from the fetch's cursor (the README's recipe), then write on the primary.
+      const list = await fetch(`${base}/api/runs`)
+      t.same(await list.json(), { runs: [] })
+      const cursor = list.headers.get('x-event-cursor')
+      t.equal(cursor, '0')
+      const stream = await openStream(base, `/api/events/stream?after_event_id=${cursor}`)
+      t.teardown(stream.close)
+
+      const { runId, taskId, threadId } = written
+      await createRun(writer, makeRun({ run_id: runId, goal: 'Replicate' }))
+      await addTask(writer, makeTask({ run_id: runId, task_id: taskId }))
+      await dispatchTask(writer, makeAttempt({ run_id: runId, task_id: taskId, thread_id: threadId }), makeThread({ run_id: runId, task_id: taskId }))
+      const message = makeMessage({ thread_id: threadId, message_id: 'message-replicated', summary: 'Replayed' })
+      const lastEventId = await postMessage(writer, { run_id: runId, task_id: taskId }, message, [makeArtifact({ message_id: message.message_id })])
+      await pg15.waitForReplay()
+      const eventIds = await eventIdsOnPrimary()
+      t.equal(eventIds.length, 5, 'run_created, task_added, task_dispatched, thread_claim, thread_update')
+
+      const runs = await fetch(`${base}/api/runs`)
+      const { runs: [item] } = await runs.json() as { runs: Array<{ run: { run_id: string } }> }
+      t.match(item, { run: { run_id: runId, goal: 'Replicate' }, task_counts: { dispatched: 1 }, total_tasks: 1 }, 'the run list shows what the primary wrote')
+      const detail = await fetch(`${base}/api/runs/${runId}`)
+      t.equal(detail.status, 200)
+      const { run } = await detail.json() as { run: unknown }
+      assertSchema(t, 'RunDetail', run)
+      t.match(run, { run: { run_id: runId }, total_tasks: 1, task_counts: { dispatched: 1 }, tasks: [{ task_id: taskId, latest_attempt_no: 1 }] }, 'and the run detail')
+      t.equal(detail.headers.get('x-event-cursor'), String(lastEventId), 'its cursor is the last event replayed')
+      const thread = await fetch(`${base}/api/threads/${threadId}`)
+      const detailOfThread = (await thread.json() as { thread: unknown }).thread
+      assertSchema(t, 'ThreadDetail', detailOfThread)
+      t.match(detailOfThread, { thread: { thread_id: threadId, status: 'claimed' }, messages: [{ message_id: 'message-replicated', artifacts: [{ message_id: 'message-replicated' }] }] }, 'and the thread detail')
+
+      await stream.waitFor((s) => s.events().some((event) => event.event_id === lastEventId), 10_000)
+      t.same(stream.events().map((event) => event.event_id), eventIds, 'the stream delivers every event written on the primary, once, in order')
+    })
+    t.equal(outcome.code, 0, outcome.stderr)
+    t.match(outcome.stdout, /reads go to DATABASE_READ_URL; migrations and the event log's upkeep to DATABASE_URL/)
+    t.match(outcome.stdout, /database migrated/)
+    t.notMatch(outcome.stdout, /upkeep is off/)
+
+    const primaryLog = pg15.log('primary').slice(primaryLogBefore)
+    const standbyLog = pg15.log('standby').slice(standbyLogBefore)
+    t.match(primaryLog, /user=postgres database=ocp_replicated application_name=ocp-api-migrate$/m, 'the primary saw the migrations')
+    t.notMatch(primaryLog, /application_name=ocp-api$/m, 'and no connection of the request pool')
+    t.notMatch(primaryLog, /ocp_reader/, 'and nothing of the reading role')
+    t.match(standbyLog, /user=ocp_reader database=ocp_replicated application_name=ocp-api$/m, 'the request pool read the standby')
+    t.match(standbyLog, /user=ocp_reader database=ocp_replicated application_name=ocp-api-schema-check$/m, 'which was checked for the migrations first')
+  })
+
+  await t.test('DATABASE_URL alone on the standby: starts, serves reads and streams, says the upkeep is off', async (t) => {
+    const primaryLogBefore = pg15.log('primary').length
+    const outcome = await serve({ DATABASE_URL: reader }, async (base) => {
+      const detail = await fetch(`${base}/api/runs/${written.runId}`)
+      t.equal(detail.status, 200)
+      t.match(await detail.json(), { run: { run: { run_id: written.runId }, total_tasks: 1 } })
+      const thread = await fetch(`${base}/api/threads/${written.threadId}`)
+      t.equal(thread.status, 200)
+
+      const stream = await openStream(base, '/api/events/stream?after_event_id=0')
+      t.teardown(stream.close)
+      const later = await recordChange(writer, { event_type: 'run_status', run_id: written.runId, summary: 'Still replicating' })
+      await stream.waitFor((s) => s.events().some((event) => event.event_id === later), 10_000)
+      t.same(stream.events().map((event) => event.event_id), await eventIdsOnPrimary(), 'the history, then what the primary writes next')
+    })
+    t.equal(outcome.code, 0, outcome.stderr)
+    t.match(outcome.stdout, /DATABASE_URL names a hot standby: the event log's upkeep is off here/)
+    t.equal(outcome.stdout.match(/upkeep is off/g)?.length, 1, 'said once')
+    t.match(outcome.stdout, /"MIGRATE_ON_START":true.*nothing is migrated there, whatever MIGRATE_ON_START says/)
+    t.notMatch(outcome.stdout, /database migrated|schema up to date/)
+    t.notMatch(pg15.log('primary').slice(primaryLogBefore), /ocp_reader/, 'the primary saw nothing of it')
+  })
+
+  await t.test('the decorators: where reads, migrations and the upkeep go', async (t) => {
+    const env = { LOG_LEVEL: 'silent' }
+    const split = await buildApp(loadConfig({ ...env, DATABASE_URL: primary, DATABASE_READ_URL: reader }))
+    t.teardown(() => split.close())
+    t.same([split.databaseUrl, split.readDatabaseUrl, split.upkeepDatabaseUrl], [primary, reader, primary])
+    const standbyAlone = await buildApp(loadConfig({ ...env, DATABASE_URL: reader }))
+    t.teardown(() => standbyAlone.close())
+    t.same([standbyAlone.databaseUrl, standbyAlone.readDatabaseUrl, standbyAlone.upkeepDatabaseUrl], [reader, reader, undefined], 'no upkeep on a standby')
+  })
+
+  await t.test('a migration pending on the standby: the service refuses to start, naming it', async (t) => {
+    const behind = 'ocp_behind'
+    await pg15.createDatabase(behind)
+    await migrateToLatest(on(pg15.primaryUrl, behind))
+    // As if this version of the service brought a migration the primary has not had yet.
+    await query(on(pg15.primaryUrl, behind), 'delete from kysely_migration where name = $1', [lastMigration])
+    const empty = 'ocp_empty'
+    await pg15.createDatabase(empty)
+    await pg15.waitForReplay()
+
+    const alone = await serve({ DATABASE_URL: on(pg15.readerUrl, behind) })
+    t.equal(alone.code, 1)
+    t.match(alone.stderr, `failed to start: DATABASE_URL names a hot standby on which migration ${lastMigration} is pending: apply pending migrations to its primary`)
+    const unmigrated = await serve({ DATABASE_URL: on(pg15.readerUrl, empty), MIGRATE_ON_START: 'true' })
+    t.equal(unmigrated.code, 1)
+    t.match(unmigrated.stderr, `on which migrations ${names.join(', ')} are pending`, 'no migration table: every migration is pending')
+    t.notMatch(unmigrated.stdout, /database migrated/, 'and nothing was tried')
+
+    const split = await serve({ DATABASE_URL: on(pg15.primaryUrl, behind), DATABASE_READ_URL: on(pg15.readerUrl, behind), MIGRATE_ON_START: 'false' })
+    t.equal(split.code, 1)
+    t.match(split.stderr, `failed to start: on the database at DATABASE_READ_URL, migration ${lastMigration} is pending`)
+  })
+
+  await t.test('migrations are never tried on a standby; a replica is waited for', async (t) => {
+    await t.rejects(migrateToLatest(on(pg15.standbyUrl, 'ocp_empty')), /^the database is a hot standby \(read-only\): migrations are applied to its primary/)
+    t.same(await pendingMigrations(on(pg15.readerUrl, 'ocp_empty'), 200), names, 'still pending after the wait')
+
+    await pg15.createDatabase('ocp_late')
+    const waiting = pendingMigrations(on(pg15.readerUrl, 'ocp_late'), 10_000)
+    await migrateToLatest(on(pg15.primaryUrl, 'ocp_late'))
+    t.same(await waiting, [], 'the replica shows the migrations once it has replayed them')
+  })
+})
