@@ -1,5 +1,7 @@
 import pg from 'pg'
+import { pino } from 'pino'
 import t from 'tap'
+import { EventLogUpkeep } from '../plugins/app/event-log.js'
 import { build } from './helpers/app.js'
 import { testDatabaseUrl } from './helpers/database.js'
 import { insertEvents, openStream } from './helpers/sse.js'
@@ -162,4 +164,24 @@ t.test('delivery that waits on a writer is a metric, and a log line after five s
   t.ok(lines.some((line) => line.msg.startsWith('event delivery resumed')), 'and one more line when it resumes')
   const after = (await app.inject({ url: '/metrics' })).body
   t.match(after, /^event_settle_wait_seconds 0$/m, 'the metric is back to 0')
+})
+
+t.test('the upkeep that keeps the clock survives a failing database: logged once, recovered by itself', async (t) => {
+  const lines: Array<{ msg: string }> = []
+  const log = pino({ level: 'info' }, { write: (line: string) => { lines.push(JSON.parse(line)) } })
+  const admin = await client()
+  t.teardown(() => admin.end())
+  // The clock's table away: every tick fails until it is back.
+  await admin.query('alter table event_log_state rename to event_log_state_away')
+  const upkeep = new EventLogUpkeep({ url: await testDatabaseUrl(), clockIntervalMs: 20, retentionMs: undefined, log })
+  t.teardown(() => upkeep.stop())
+  upkeep.start()
+  const failed = () => lines.filter((line) => line.msg === 'event log upkeep failed; retrying').length
+  while (failed() === 0) await sleep(20)
+  await admin.query('alter table event_log_state_away rename to event_log_state')
+  while (!lines.some((line) => line.msg === 'event log upkeep recovered')) await sleep(50)
+  t.equal(failed(), 1, 'the failure is logged once, however many ticks failed')
+  const ticks = upkeep.ticks
+  while (upkeep.ticks < ticks + 2) await sleep(20)
+  t.pass('the clock ticks again')
 })

@@ -75,7 +75,6 @@ export class EventLogUpkeep {
   }
 
   async #step (): Promise<void> {
-    if (this.#stopped) return
     let delay = this.options.clockIntervalMs
     try {
       if (!this.#leading) {
