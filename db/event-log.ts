@@ -1,4 +1,5 @@
 import type pg from 'pg'
+import { sequencePosition } from './event-partitions.js'
 
 /*
  * The event log's upkeep, on a connection that may write (never the request
@@ -32,10 +33,9 @@ export async function readHistoryFloor (client: pg.ClientBase): Promise<number> 
 export async function writeClock (client: pg.ClientBase): Promise<number> {
   await client.query('begin')
   try {
-    const { rows: [drawn] } = await client.query<{ value: string }>(
-      'select (case when is_called then last_value else last_value - 1 end)::text as value from events_event_id_seq')
+    const { drawn } = await sequencePosition(client)
     const { rows: [state] } = await client.query<{ floor: string }>(
-      'update event_log_state set clock_value = $1, clock_xid = pg_current_xact_id(), clock_at = now() returning history_floor::text as floor', [drawn!.value])
+      'update event_log_state set clock_value = $1, clock_xid = pg_current_xact_id(), clock_at = now() returning history_floor::text as floor', [drawn])
     await client.query('commit')
     return Number(state!.floor)
   } catch (err) {

@@ -38,7 +38,8 @@ const envelopeText = sql<string>`(${envelope})::text`
  * clock's, extended over the ids just above it that are all visible.
  * Every event at or below it is visible to the statement or never commits.
  */
-export const settledPosition = (known: number | string) => sql<string>`events_settled(${known}::bigint)::text`
+const settled = (known: number | string) => sql<string>`events_settled(${known}::bigint)`
+export const settledPosition = (known: number | string) => sql<string>`${settled(known)}::text`
 
 export interface SettleBound {
   /** Every id at or below it is settled for any snapshot taken after this call returned. */
@@ -82,32 +83,35 @@ export async function settledNow (db: Db, known: number): Promise<number> {
   return Number(row.id)
 }
 
+/** The columns a StoredEvent is read from, and the reading. */
+const storedEventColumns = ['e.event_id', 'e.run_id', 'e.thread_id', envelopeText.as('json')] as const
+const toStoredEvent = (row: { event_id: string, run_id: string, thread_id: string, json: string }): StoredEvent =>
+  ({ id: Number(row.event_id), runId: row.run_id, threadId: row.thread_id, json: row.json })
+
 /**
- * Up to `limit` events in (afterId, upTo] that match `filter`, in ascending
- * id order. `upTo` must be settled (the hub's position): nothing above it is read.
- * Without `upTo`, every visible event: only the hub reads so, and settles what it reads.
+ * Up to `limit` visible events after `afterId`, in ascending id order,
+ * settled or not: only the hub reads so, and settles what it reads.
  */
-export async function eventsAfter (db: Db, afterId: number, filter: EventFilter, limit: number, upTo?: number): Promise<StoredEvent[]> {
-  const rows = await matchingAfter(db, afterId, filter, limit, upTo)
-    .select(['e.event_id', 'e.run_id', 'e.thread_id', envelopeText.as('json')])
-    .execute()
-  return rows.map((row) => ({ id: Number(row.event_id), runId: row.run_id, threadId: row.thread_id, json: row.json }))
+export async function eventsAfter (db: Db, afterId: number, limit: number): Promise<StoredEvent[]> {
+  const rows = await matchingAfter(db, afterId, {}, limit).select(storedEventColumns).execute()
+  return rows.map(toStoredEvent)
 }
 
 /**
- * Like eventsAfter, with the history's floor read in the same statement:
- * the events are only what the client missed when `afterId` is at or above it.
+ * Up to `limit` events in (afterId, upTo] that match `filter`, ascending,
+ * with the history's floor read in the same statement: the events are only
+ * what the client missed when `afterId` is at or above it. `upTo` must be
+ * settled (the hub's head): nothing above it is read.
  */
 export async function eventsAfterKept (db: Db, afterId: number, filter: EventFilter, limit: number, upTo?: number): Promise<{ floor: number, events: StoredEvent[] }> {
-  const page = matchingAfter(db, afterId, filter, limit, upTo)
-    .select(['e.event_id', 'e.run_id', 'e.thread_id', envelopeText.as('json')])
+  const page = matchingAfter(db, afterId, filter, limit, upTo).select(storedEventColumns)
   const rows = await db.selectFrom(sql<{ floor: string }>`(select ${historyFloor}::text as floor)`.as('s'))
     .leftJoinLateral(page.as('p'), (join) => join.onTrue())
     .select(['s.floor', 'p.event_id', 'p.run_id', 'p.thread_id', 'p.json'])
     .orderBy('p.event_id')
     .execute()
-  const events = rows.filter((row) => row.event_id !== null)
-    .map((row) => ({ id: Number(row.event_id), runId: row.run_id!, threadId: row.thread_id!, json: row.json! }))
+  const events = rows.flatMap(({ event_id: eventId, run_id: runId, thread_id: threadId, json }) =>
+    eventId === null ? [] : [toStoredEvent({ event_id: eventId, run_id: runId!, thread_id: threadId!, json: json! })])
   return { floor: Number(rows[0]!.floor), events }
 }
 
@@ -129,13 +133,13 @@ export async function listEvents (db: Db, afterId: number | undefined, filter: E
   const after = afterId === undefined ? historyFloor : sql<string>`${String(afterId)}::bigint`
   // Every use of the position and of the floor runs in the statement's one snapshot, so they agree.
   const page = matchingAfter(db, after, filter, limit)
-    .where('e.event_id', '<=', sql<string>`events_settled(${known}::bigint)`)
+    .where('e.event_id', '<=', settled(known))
     .select(['e.event_id', envelope.as('item')])
   const row = await db.selectFrom(page.as('p'))
     .select([
       sql<string>`json_build_object('events', coalesce(json_agg(p.item order by p.event_id), '[]'::json))::text`.as('body'),
       sql<string>`case when count(*) = ${limit} then max(p.event_id)
-        else greatest(${after}, ${settledPosition(known)}::bigint) end::text`.as('cursor'),
+        else greatest(${after}, ${settled(known)}) end::text`.as('cursor'),
       sql<string>`${historyFloor}::text`.as('floor')
     ])
     .executeTakeFirstOrThrow()

@@ -132,7 +132,7 @@ export class EventHub {
     let settled = Math.max(head, bound)
     let hole = false
     for (;;) {
-      const events = await eventsAfter(this.db, head, {}, POLL_PAGE_SIZE)
+      const events = await eventsAfter(this.db, head, POLL_PAGE_SIZE)
       for (const event of events) {
         if (event.id > settled + 1) {
           hole = true
@@ -142,11 +142,12 @@ export class EventHub {
         this.#fanOut(event)
         head = event.id
       }
+      const readAll = hole || events.length < POLL_PAGE_SIZE
       // Every visible event up to `settled` has been handed out: the rest of
       // the range is ids that will never commit.
-      if (hole || events.length < POLL_PAGE_SIZE) head = settled
+      if (readAll) head = settled
       this.#head = head
-      if (hole || events.length < POLL_PAGE_SIZE) break
+      if (readAll) break
     }
     this.#lastPollAt = Date.now()
     this.#noteWait(hole, waitingPid, clockAge)
