@@ -103,10 +103,17 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
 
   // A writer left open on the primary: on the standby, the hole below the
   // next event waits for the clock, and after five seconds the log says so.
+  // EVENT-ORDER fact 1: the older transaction (it holds an id first) commits
+  // the higher event id while the newer one holds the lower id open.
+  const older = await pool.connect()
+  await older.query('begin')
+  await older.query(`insert into runs (run_id, goal, summary, status) values ('fact-1', 'g', 's', 'running')`)
   const held = await pool.connect()
   await held.query('begin')
   await held.query(`insert into events (event_type) values ('held')`)
-  const [after] = (await pool.query(`insert into events (event_type) values ('after_held') returning event_id`)).rows
+  const [after] = (await older.query(`insert into events (event_type) values ('after_held') returning event_id`)).rows
+  await older.query('commit')
+  older.release()
   await new Promise((resolve) => setTimeout(resolve, 5600))
   const waiting = lines.find((line) => line.msg.startsWith('event delivery waits past id'))
   t.match(waiting, { msg: /on a hot standby it waits for the clock/, clockAgeSeconds: Number }, 'on a standby, the wait is logged with the clock\'s age')
