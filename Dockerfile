@@ -3,6 +3,7 @@
 FROM node:24-bookworm-slim AS build
 WORKDIR /app
 COPY package.json package-lock.json ./
+COPY client/package.json ./client/
 RUN npm ci --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json ./
 COPY *.ts ./
@@ -11,6 +12,9 @@ COPY plugins ./plugins
 COPY routes ./routes
 COPY schemas ./schemas
 COPY ui ./ui
+COPY bin ./bin
+COPY cli ./cli
+COPY client ./client
 RUN npm run build && npm prune --omit=dev
 
 FROM node:24-bookworm-slim
@@ -20,6 +24,13 @@ COPY --from=build /app/package.json ./
 COPY --from=build /app/node_modules ./node_modules
 COPY --from=build /app/dist ./dist
 COPY --from=build /app/ui ./ui
+# The ocp-api command (bin/ocp-api.js runs dist/cli/ocp-api.js), on the PATH: `docker compose exec api ocp-api runs`.
+# `npx ocp-api` works too: npx runs a bin of the package in the current directory by linking the
+# package into its cache (~/.npm/_npx) and chmod-ing each bin of package.json, which only their
+# owner may do. So the node user owns those two files (bin/ocp-api.js, dist/db/seed.js), and
+# nothing else: the rest of /app stays root's, read-only to the service.
+COPY --from=build --chown=node:node /app/bin ./bin
+RUN chown node:node dist/db/seed.js && ln -s /app/bin/ocp-api.js /usr/local/bin/ocp-api
 USER node
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \

@@ -1,11 +1,12 @@
 import autoload from '@fastify/autoload'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
-import Fastify, { LogController, type FastifyInstance, type FastifyReply, type FastifyServerOptions } from 'fastify'
+import Fastify, { LogController, type FastifyInstance, type FastifyPluginCallback, type FastifyReply, type FastifyServerOptions } from 'fastify'
 import { dirname, join } from 'node:path'
 import { pino } from 'pino'
 import { fileURLToPath } from 'node:url'
 import type { Config } from './config.js'
 import { badRequest, toApiError } from './errors.js'
+import { NO_STORE } from './plugins/app/http-cache.js'
 import { requestIdOf } from './plugins/app/request-log.js'
 import { MAX_ID_LENGTH } from './schemas/api.js'
 
@@ -26,6 +27,8 @@ const malformedRequestBody = JSON.stringify(badRequest('malformed HTTP request')
 
 export interface BuildOptions {
   logger?: FastifyServerOptions['logger']
+  /** @fastify/otel's plugin, when tracing is on (tracing.ts). */
+  tracing?: FastifyPluginCallback
 }
 
 /** pino: JSON lines, or readable lines on a terminal (LOG_FORMAT). */
@@ -71,7 +74,7 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
     // get the envelope too.
     frameworkErrors (error, _request, reply) {
       const apiError = toApiError(error)
-      ;(reply as FastifyReply).code(apiError.statusCode).send(apiError.toBody())
+      ;(reply as FastifyReply).code(apiError.statusCode).header('cache-control', NO_STORE).send(apiError.toBody())
     },
     // Errors of the HTTP parser itself (bad request line, headers too large).
     clientErrorHandler (error, socket) {
@@ -80,12 +83,14 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
         return
       }
       // Too large headers or URL included: a 400 with the envelope, like any malformed request.
-      socket.end(`HTTP/1.1 400 Bad Request\r\nContent-Type: application/json; charset=utf-8\r\n` +
+      socket.end(`HTTP/1.1 400 Bad Request\r\nContent-Type: application/json; charset=utf-8\r\nCache-Control: ${NO_STORE}\r\n` +
         `Content-Length: ${Buffer.byteLength(malformedRequestBody)}\r\nConnection: close\r\n\r\n${malformedRequestBody}`)
     }
   }).withTypeProvider<TypeBoxTypeProvider>()
 
   app.decorate('config', config)
+  // Before every route, so that each request's span is named by its route.
+  if (options.tracing !== undefined) await app.register(options.tracing)
   // Third-party plugins first (they see every route added after them),
   // then the application's own, then the routes.
   await app.register(autoload, { dir: join(here, 'plugins/external') })

@@ -1,5 +1,6 @@
 import { envSchema } from 'env-schema'
 import { Type, type Static } from 'typebox'
+import { MAX_PAGE_LIMIT } from './schemas/api.js'
 
 /**
  * Every setting the service reads from its environment, with its default.
@@ -23,8 +24,11 @@ export const ConfigSchema = Type.Object({
   DB_STATEMENT_TIMEOUT_MS: Type.Integer({ default: 5000, minimum: 1, maximum: 3_600_000 }),
   DB_CONNECT_TIMEOUT_MS: Type.Integer({ default: 5000, minimum: 1, maximum: 600_000 }),
   MIGRATE_ON_START: Type.Boolean({ default: true }),
-  RUN_LIST_DEFAULT_LIMIT: Type.Integer({ default: 1000, minimum: 1, maximum: 1000 }),
+  RUN_LIST_DEFAULT_LIMIT: Type.Integer({ default: MAX_PAGE_LIMIT, minimum: 1, maximum: MAX_PAGE_LIMIT }),
   EVENTS_POLL_INTERVAL_MS: Type.Integer({ default: 250, minimum: 10, maximum: 60_000 }),
+  EVENTS_WAKEUP: Type.Enum(['auto', 'wal', 'off'], { default: 'auto', description: 'How the event poller learns of new events between polls: wal (a physical replication connection), auto (wal when the database allows it, else polling alone), off (polling alone)' }),
+  EVENTS_WAKEUP_POLL_INTERVAL_MS: Type.Integer({ default: 1000, minimum: 10, maximum: 60_000 }),
+  EVENTS_WINDOW_BYTES: Type.Integer({ default: 33_554_432, minimum: 0, maximum: 17_179_869_184 }),
   EVENTS_CLOCK_INTERVAL_MS: Type.Integer({ default: 1000, minimum: 50, maximum: 60_000 }),
   EVENTS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}[smhd]$', description: 'How long events are kept: 90s, 15m, 12h, 30d; absent: forever' })),
   SSE_KEEPALIVE_MS: Type.Integer({ default: 15_000, minimum: 100, maximum: 3_600_000 }),
@@ -34,6 +38,8 @@ export const ConfigSchema = Type.Object({
   LOG_FORMAT: Type.Enum(['auto', 'json', 'pretty'], { default: 'auto' }),
   SHUTDOWN_GRACE_MS: Type.Integer({ default: 10_000, minimum: 0, maximum: 600_000 }),
   SSE_MAX_STREAMS: Type.Integer({ default: 10_000, minimum: 1, maximum: 1_000_000 }),
+  STREAMS_LONG_POLL_MS: Type.Integer({ default: 20_000, minimum: 100, maximum: 60_000 }),
+  STREAMS_SSE_MAX_MS: Type.Integer({ default: 60_000, minimum: 100, maximum: 3_600_000 }),
   REQUEST_TIMEOUT_MS: Type.Integer({ default: 30_000, minimum: 1000, maximum: 3_600_000 }),
   CONNECTION_TIMEOUT_MS: Type.Integer({ default: 120_000, minimum: 1000, maximum: 3_600_000 }),
   API_TOKENS: Type.String({ default: '' }),

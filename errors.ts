@@ -10,6 +10,7 @@ export const ErrorCodes = {
   unauthorized: 401,
   unavailable: 503,
   cursor_expired: 410,
+  method_not_allowed: 405,
   internal: 500
 } as const
 

@@ -1,8 +1,8 @@
 import closeWithGrace from 'close-with-grace'
 import type { FastifyInstance } from 'fastify'
-import { buildApp } from './app.js'
 import { ConfigError, loadConfig, type Config } from './config.js'
-import { migrateToLatest, pendingMigrations } from './db/migrate.js'
+import type {} from './plugins/app/db.js' // the types of its decorators (the module itself loads with the app)
+import { startTracing } from './tracing.js'
 
 /** How long a replica may take to show migrations this start has just applied to its primary. */
 const REPLAY_WAIT_MS = 10_000
@@ -16,6 +16,7 @@ const pendingText = (names: string[]) => names.length === 1 ? `migration ${names
  * every migration too, once replayed.
  */
 async function prepareSchema (app: FastifyInstance, config: Config) {
+  const { migrateToLatest, pendingMigrations } = await import('./db/migrate.js')
   let applied: string[] = []
   if (app.upkeepDatabaseUrl === undefined) { // DATABASE_URL names a hot standby (plugins/app/db.ts)
     const pending = await pendingMigrations(app.databaseUrl)
@@ -40,7 +41,11 @@ async function prepareSchema (app: FastifyInstance, config: Config) {
 
 async function main () {
   const config = loadConfig()
-  const app = await buildApp(config)
+  // Tracing, when the OTEL_* variables ask for it, starts before the modules
+  // it instruments (pg, pino, node:http) load: the application is imported after it.
+  const tracing = await startTracing()
+  const { buildApp } = await import('./app.js')
+  const app = await buildApp(config, tracing === undefined ? {} : { tracing: tracing.plugin })
   await prepareSchema(app, config)
   // SIGTERM or SIGINT: stop accepting, end the event streams (clients
   // reconnect elsewhere), finish in-flight requests, close the pool; exit
@@ -50,6 +55,7 @@ async function main () {
     if (err !== undefined) app.log.error({ err }, 'shutting down after an uncaught error')
     else app.log.info({ signal }, 'shutting down')
     await app.close()
+    await tracing?.shutdown()
   })
   await app.listen({ host: config.HOST, port: config.PORT })
 }

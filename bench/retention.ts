@@ -1,6 +1,6 @@
 /*
  * Removing expired events: by dropping a partition (what EVENTS_RETENTION
- * does, README "Event history (retention)") against a bulk DELETE, side by
+ * does, docs/operating.md, "Event history (retention)") against a bulk DELETE, side by
  * side in one run on the same server: time, and the WAL each writes (what
  * replicas and backups must carry too).
  *

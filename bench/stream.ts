@@ -3,34 +3,47 @@
  *
  *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run bench:stream
  *   ... npm run bench:stream -- --sizes 10,1000 --rate 10 --seconds 5     (smaller)
- *   ... npm run bench:stream -- --sizes 5 --seconds 1 --settle-ms 500     (CI's smoke run: figures not meaningful)
+ *   ... npm run bench:stream -- --sizes 5 --seconds 1 --settle-ms 500 --storm 50 --idle-seconds 1   (CI's smoke run: figures not meaningful)
+ *   ... npm run bench:stream -- --wakeup wal,off --sizes 10,1000,5000     (the wake-up on and off, side by side)
  *
  * Starts the service as a child process on a database of its own
  * (ocp_bench_stream, recreated), then for each size: opens that many SSE
  * subscribers on loopback, measures the server's resident memory per idle
  * subscriber, has a writer commit events at a steady rate, and measures
  * commit-to-delivery latency at every subscriber and the queries per second
- * the service ran meanwhile (from pg_stat_database). Prints figures, and the
- * ratios the targets are about, from this one run.
+ * the service ran meanwhile (from pg_stat_database). Then a reconnect storm:
+ * --storm streams (3000) resume at once from cursors among the last events
+ * written, as after a replica's restart; it counts the database reads they
+ * cost beyond the polling and checks that each got exactly the events after
+ * its cursor. Prints figures, and the ratios the targets are about, from
+ * this one run.
+ *
+ * --wakeup lists EVENTS_WAKEUP modes (default `auto,off`): the whole run
+ * (idle cost, then every size) is made once per mode, each on a fresh
+ * service, the storm with the first mode only. The wake-up needs a server
+ * whose pg_hba.conf allows `replication` connections from loopback (initdb's
+ * default does; a server that refuses leaves `auto` polling, and the run
+ * says so).
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { request, Agent } from 'node:http'
-import { createServer } from 'node:net'
-import { dirname, join } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { migrateToLatest } from '../db/migrate.js'
+import { adminUrl, freePort, root, sleep, withDatabase } from './common.js'
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 const { values: args } = parseArgs({
   options: {
     sizes: { type: 'string', default: '10,1000,10000' },
     rate: { type: 'string', default: '10' },
     seconds: { type: 'string', default: '10' },
     'poll-ms': { type: 'string', default: '250' },
-    'settle-ms': { type: 'string', default: '11000' }
+    'settle-ms': { type: 'string', default: '11000' },
+    storm: { type: 'string', default: '3000' },
+    wakeup: { type: 'string', default: 'auto,off' },
+    'idle-seconds': { type: 'string', default: '10' }
   }
 })
 const sizes = args.sizes.split(',').map(Number)
@@ -39,14 +52,9 @@ const seconds = Number(args.seconds)
 const pollMs = Number(args['poll-ms'])
 const DATABASE = 'ocp_bench_stream'
 
-const adminUrl = process.env.DATABASE_URL
-if (adminUrl === undefined || adminUrl === '') {
-  console.error('bench: set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres)')
-  process.exit(2)
-}
-const databaseUrl = (() => { const url = new URL(adminUrl); url.pathname = `/${DATABASE}`; return url.toString() })()
+const serverUrl = adminUrl()
+const databaseUrl = withDatabase(serverUrl, DATABASE)
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 const percentile = (sorted: number[], p: number) => sorted.length === 0 ? Number.NaN : sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * p))]!
 
 /** The service's resident memory after full garbage collections (bench/gc-on-signal.ts). */
@@ -66,16 +74,8 @@ async function settledRssKb (pid: number): Promise<number> {
  */
 const STATS_SETTLE_MS = Number(args['settle-ms'])
 
-function freePort (): Promise<number> {
-  return new Promise((resolve) => {
-    const server = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number }
-      server.close(() => resolve(port))
-    })
-  })
-}
 
-async function startService (port: number): Promise<ChildProcess> {
+async function startService (port: number, wakeup: string): Promise<ChildProcess> {
   const child = spawn(process.execPath, ['--expose-gc', '--import', 'tsx', '--import', join(root, 'bench/gc-on-signal.ts'), join(root, 'server.ts')], {
     cwd: root,
     env: {
@@ -85,7 +85,8 @@ async function startService (port: number): Promise<ChildProcess> {
       HOST: '127.0.0.1',
       LOG_LEVEL: 'warn',
       MIGRATE_ON_START: 'false',
-      EVENTS_POLL_INTERVAL_MS: String(pollMs)
+      EVENTS_POLL_INTERVAL_MS: String(pollMs),
+      EVENTS_WAKEUP: wakeup
     },
     stdio: ['ignore', 'inherit', 'inherit']
   })
@@ -131,8 +132,92 @@ async function transactionsOf (admin: pg.Client): Promise<number> {
   return Number(result.rows[0].n)
 }
 
+/** The service's Prometheus metrics, by series. */
+async function metricsOf (port: number): Promise<Map<string, number>> {
+  const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text()
+  return new Map([...text.matchAll(/^([a-z_]+(?:\{[^}]*\})?) (\S+)$/gm)].map((m) => [m[1]!, Number(m[2])]))
+}
+
+/**
+ * One stream resuming after `cursor`, as an EventSource would: a refusal
+ * (a 503 when the service sheds load, or a stream that ends before its
+ * events) is retried after a second, from the same cursor. Resolves with
+ * the ids received once it has `expected` of them (or after 30 s), and how
+ * many times it was refused.
+ */
+function resume (port: number, agent: Agent, cursor: number, expected: number): Promise<{ ids: number[], refused: number }> {
+  const deadline = Date.now() + 30_000
+  let refused = 0
+  const attempt = (): Promise<number[]> => new Promise((resolve, reject) => {
+    const ids: number[] = []
+    let done = false
+    const finish = (retry: boolean) => {
+      if (done) return
+      done = true
+      req.destroy()
+      if (retry && ids.length < expected && Date.now() < deadline) {
+        refused++
+        setTimeout(() => { attempt().then(resolve, reject) }, 1000 + Math.random() * 500)
+      } else resolve(ids)
+    }
+    const req = request({ host: '127.0.0.1', port, path: '/api/events/stream', agent, headers: { accept: 'text/event-stream', 'last-event-id': String(cursor) } }, (res) => {
+      if (res.statusCode !== 200) { res.resume(); finish(true); return }
+      res.setEncoding('utf8')
+      res.on('data', (chunk: string) => {
+        for (const match of chunk.matchAll(/^id: (\d+)\ndata:/gm)) ids.push(Number(match[1]))
+        if (ids.length >= expected) finish(false)
+      })
+      res.on('end', () => finish(true))
+      res.on('error', () => {})
+    })
+    // A hard deadline: a live stream's keep-alive comments keep its socket from ever being idle.
+    const timer = setTimeout(() => finish(false), Math.max(1, deadline - Date.now()))
+    req.on('close', () => clearTimeout(timer))
+    req.on('error', (err) => { if (!done) { done = true; reject(err) } })
+    req.end()
+  })
+  return attempt().then((ids) => ({ ids, refused }))
+}
+
+/** The reconnect storm: `streams` resuming at once from cursors inside the window. */
+async function storm (port: number, agent: Agent, admin: pg.Client, writer: pg.Client, streams: number): Promise<void> {
+  const written: number[] = []
+  for (let i = 0; i < 200; i++) {
+    const { rows } = await writer.query("insert into events (event_type, run_id, summary, payload) values ('task_running', 'bench-run', 'bench', '{}') returning event_id")
+    written.push(Number(rows[0].event_id))
+  }
+  await sleep(1000)
+  const window = await metricsOf(port)
+  // The polling alone, over as long as the storm will take, then the storm.
+  await sleep(STATS_SETTLE_MS)
+  const idleStart = await transactionsOf(admin)
+  const idleStarted = Date.now()
+  await sleep(5000)
+  await sleep(STATS_SETTLE_MS)
+  const pollingPerSecond = ((await transactionsOf(admin)) - idleStart) / ((Date.now() - idleStarted) / 1000)
+  const before = await metricsOf(port)
+  const stormStart = await transactionsOf(admin)
+  const started = Date.now()
+  const cursors = Array.from({ length: streams }, (_, i) => written[(i * 7) % (written.length - 1)]!)
+  const received = await Promise.all(cursors.map((cursor) => resume(port, agent, cursor, written.filter((id) => id > cursor).length)))
+  const stormMs = Date.now() - started
+  await sleep(STATS_SETTLE_MS)
+  const stormTransactions = (await transactionsOf(admin)) - stormStart
+  const beyondPolling = stormTransactions - pollingPerSecond * ((Date.now() - started) / 1000)
+  const after = await metricsOf(port)
+  const exact = received.filter(({ ids }, i) => JSON.stringify(ids) === JSON.stringify(written.filter((id) => id > cursors[i]!))).length
+  const refused = received.filter(({ refused }) => refused > 0).length
+  const delta = (series: string) => (after.get(series) ?? 0) - (before.get(series) ?? 0)
+  console.log(`\nreconnect storm: ${streams} streams resumed at once from cursors among the last ${written.length} events, all served within ${stormMs} ms` +
+    ` (${refused} refused at first by the service's load shedding, then retried as an EventSource does)`)
+  console.log(`  window: ${window.get('event_window_events')} events, ${((window.get('event_window_bytes') ?? 0) / 1024).toFixed(0)} kB (${((window.get('event_window_bytes') ?? 0) / (window.get('event_window_events') || 1)).toFixed(0)} bytes per event)`)
+  console.log(`  catch-up reads: ${delta('event_catch_up_reads_total{source="memory"}')} from memory, ${delta('event_catch_up_reads_total{source="database"}')} from the database`)
+  console.log(`  database transactions during the storm: ${stormTransactions}, polling alone ${pollingPerSecond.toFixed(1)}/s: ${Math.max(0, beyondPolling).toFixed(0)} beyond the polling (target <= 20)`)
+  console.log(`  streams that got exactly the events after their cursor: ${exact}/${streams}`)
+}
+
 async function main () {
-  const admin = new pg.Client({ connectionString: adminUrl })
+  const admin = new pg.Client({ connectionString: serverUrl })
   await admin.connect()
   await admin.query(`drop database if exists ${DATABASE} with (force)`)
   await admin.query(`create database ${DATABASE}`)
@@ -140,11 +225,42 @@ async function main () {
   const writer = new pg.Client({ connectionString: databaseUrl })
   await writer.connect()
 
-  const port = await freePort()
-  const service = await startService(port)
   const agent = new Agent({ keepAlive: false, maxSockets: Infinity })
-  console.log(`machine: ${(await import('node:os')).cpus().length} cores, node ${process.version}; poll interval ${pollMs} ms; writer ${rate} events/s for ${seconds} s\n`)
+  const os = await import('node:os')
+  console.log(`machine: ${os.cpus().length} cores, load average ${os.loadavg().map((load) => load.toFixed(2)).join(' ')}, node ${process.version}; poll interval ${pollMs} ms; writer ${rate} events/s for ${seconds} s\n`)
+  const modes = args.wakeup.split(',')
+  for (const [index, mode] of modes.entries()) {
+    const port = await freePort()
+    const service = await startService(port, mode)
+    await sleep(2000)
+    const live = (await metricsOf(port)).get('event_wakeup_live') === 1
+    console.log(`EVENTS_WAKEUP=${mode}: the wake-up is ${live ? 'live (WAL streaming)' : 'not live: polling alone'}`)
+    await measure(port, service, agent, admin, writer)
+    const stormStreams = Number(args.storm)
+    if (index === 0 && stormStreams > 0) await storm(port, agent, admin, writer, stormStreams)
+    service.kill('SIGTERM')
+    await new Promise((resolve) => service.once('exit', resolve))
+    console.log('')
+  }
 
+  await writer.end()
+  await admin.query(`drop database if exists ${DATABASE} with (force)`)
+  await admin.end()
+  agent.destroy()
+}
+
+/** One service's run: its idle statements per second, then every size. */
+async function measure (port: number, service: ChildProcess, agent: Agent, admin: pg.Client, writer: pg.Client): Promise<void> {
+  const idleSeconds = Number(args['idle-seconds'])
+  if (idleSeconds > 0) {
+    await sleep(STATS_SETTLE_MS)
+    const before = await transactionsOf(admin)
+    const started = Date.now()
+    await sleep(idleSeconds * 1000)
+    await sleep(STATS_SETTLE_MS)
+    const perSecond = ((await transactionsOf(admin)) - before) / ((Date.now() - started) / 1000)
+    console.log(`  idle: ${perSecond.toFixed(1)} statements/s (no stream, no writer; the event log's clock included)`)
+  }
   const results: Array<{ size: number, p50: number, p99: number, qps: number, memoryPerSubscriberKb: number, delivered: number, expected: number }> = []
   for (const size of sizes) {
     await sleep(1500)
@@ -202,15 +318,10 @@ async function main () {
   console.log(`  queries/s at ${largest.size} vs ${smallest.size} subscribers: ${(largest.qps / smallest.qps).toFixed(2)}x (target <= 1.2x)`)
   const thousand = bySize.get(1000)
   if (thousand !== undefined) console.log(`  p99 latency at 1000 subscribers: ${thousand.p99} ms (target <= poll interval + 50 = ${pollMs + 50} ms)`)
+  console.log(`  commit-to-delivery at ${largest.size} subscribers: p50 ${largest.p50} ms, p99 ${largest.p99} ms (targets with the wake-up: p50 <= 10 ms and p99 <= 30 ms at 5000, p99 <= 100 ms at 10000)`)
   console.log(`  memory per idle subscriber at ${largest.size}: ${largest.memoryPerSubscriberKb.toFixed(1)} kB (target <= 20 kB)`)
   const lost = results.filter((row) => row.delivered !== row.expected)
   console.log(`  events lost or repeated: ${lost.length === 0 ? 0 : lost.map((row) => `${row.size}: ${row.delivered}/${row.expected}`).join(', ')}`)
-
-  service.kill('SIGTERM')
-  await writer.end()
-  await admin.query(`drop database if exists ${DATABASE} with (force)`)
-  await admin.end()
-  agent.destroy()
 }
 
 main().catch((err: unknown) => {

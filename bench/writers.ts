@@ -44,10 +44,11 @@ const { values: args } = parseArgs({
     warmup: { type: 'string', default: '2' },
     clients: { type: 'string', default: '16' },
     quick: { type: 'boolean', default: false },
-    keep: { type: 'boolean', default: false }
+    keep: { type: 'boolean', default: false },
+    instructions: { type: 'boolean', default: false }
   }
 })
-const USAGE = 'usage: npm run bench:writers -- [--seconds N] [--rounds N] [--warmup N] [--clients N] [--quick] [--keep]'
+const USAGE = 'usage: npm run bench:writers -- [--seconds N] [--rounds N] [--warmup N] [--clients N] [--quick] [--keep] | --instructions'
 // --quick: one round of 1 s without warm-up, for CI (it must work; its figures mean little).
 const seconds = args.quick ? 1 : Number(args.seconds)
 const rounds = args.quick ? 1 : Number(args.rounds)
@@ -185,14 +186,14 @@ async function stripServiceWritePath (client: pg.Client): Promise<string[]> {
   return done
 }
 
-async function createDatabases (admin: pg.Client): Promise<{ applied: string[], stripped: string[] }> {
+async function createDatabases (admin: pg.Client, adminUrl = ADMIN_URL): Promise<{ applied: string[], stripped: string[] }> {
   let applied: string[] = []
   let stripped: string[] = []
   for (const side of [SERVICE, BARE] as const) {
     await admin.query(`drop database if exists ${side} with (force)`)
     await admin.query(`create database ${side}`)
-    applied = (await migrateToLatest(withDatabase(ADMIN_URL, side))).applied
-    await withClient(withDatabase(ADMIN_URL, side), async (client) => {
+    applied = (await migrateToLatest(withDatabase(adminUrl, side))).applied
+    await withClient(withDatabase(adminUrl, side), async (client) => {
       if (side === BARE) {
         await client.query('begin')
         stripped = await stripServiceWritePath(client)
@@ -449,7 +450,75 @@ async function main () {
   }
 }
 
-main().catch((err: unknown) => {
+// ---- instructions per transaction (--instructions) ---------------------------------
+
+/**
+ * The same comparison counted in CPU instructions instead of seconds, so
+ * that it does not depend on what else the machine is doing: a Postgres
+ * of its own (initdb in a temporary directory, as the postgres user), the
+ * two databases made as above, then each runs the orchestrator's
+ * transaction in single-user mode (no client, no network, no fsync) under
+ * valgrind's callgrind, 200 times and 1,200 times; the difference over
+ * 1,000 is the server's instructions per transaction.
+ */
+async function instructions (): Promise<void> {
+  const bin = execFileSync('pg_config', ['--bindir'], { encoding: 'utf8' }).trim()
+  if (spawnSync('valgrind', ['--version']).error !== undefined) {
+    console.error('bench: valgrind not found (apt-get install valgrind)')
+    process.exit(2)
+  }
+  // Postgres refuses to run as root: run its binaries as postgres when we are root.
+  const asPostgres = (command: string[]): string[] => process.getuid?.() === 0 ? ['runuser', '-u', 'postgres', '--', ...command] : command
+  const run = (command: string[], input?: string) => {
+    const [file, ...argv] = asPostgres(command)
+    const result = spawnSync(file!, argv, { input, encoding: 'utf8', maxBuffer: 64 * 1024 * 1024 })
+    if (result.status !== 0) throw new Error(`${command.join(' ')} failed (exit ${result.status}):\n${result.stderr}`)
+    return result.stdout
+  }
+  const dir = mkdtempSync(join(tmpdir(), 'ocp-bench-instructions-'))
+  const data = join(dir, 'data')
+  if (process.getuid?.() === 0) execFileSync('chown', ['postgres', dir])
+  const port = 20000 + Math.floor(Math.random() * 20000)
+  try {
+    run([join(bin, 'initdb'), '-D', data, '-A', 'trust', '-U', 'postgres', '--no-sync'])
+    run([join(bin, 'pg_ctl'), '-D', data, '-o', `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1`, '-l', join(dir, 'log'), '-w', 'start'])
+    const adminUrl = `postgres://postgres@127.0.0.1:${port}/postgres`
+    let applied: string[] = []
+    try {
+      await withClient(adminUrl, async (admin) => { applied = (await createDatabases(admin, adminUrl)).applied })
+    } finally {
+      run([join(bin, 'pg_ctl'), '-D', data, '-m', 'fast', '-w', 'stop'])
+    }
+    const script = (n: number) => [
+      `PREPARE update_task(int, int) AS ${UPDATE_TASK};`,
+      `PREPARE insert_event(int, int) AS ${INSERT_EVENT};`,
+      ...Array.from({ length: n }, (_, i) => `BEGIN;\nEXECUTE update_task(${1 + i % RUNS}, ${1 + (i * 7) % TASKS_PER_RUN});\nEXECUTE insert_event(${1 + i % RUNS}, ${1 + (i * 7) % TASKS_PER_RUN});\nCOMMIT;`)
+    ].join('\n') + '\n'
+    const count = (side: Side, n: number): number => {
+      const out = join(dir, `callgrind.${side}.${n}`)
+      run(['valgrind', '--tool=callgrind', `--callgrind-out-file=${out}`, join(bin, 'postgres'), '--single', '-D', data,
+        '-c', 'fsync=off', '-c', 'synchronous_commit=off', side], script(n))
+      const totals = /^(?:totals|summary): (\d+)/m.exec(run(['cat', out]))
+      if (totals === null) throw new Error(`no totals in ${out}`)
+      return Number(totals[1])
+    }
+    const perTransaction = {} as Record<Side, number>
+    for (const side of [BARE, SERVICE] as const) {
+      perTransaction[side] = (count(side, 1200) - count(side, 200)) / 1000
+      figure('instructions_per_transaction', { database: sideName(side) }, perTransaction[side], 'instructions')
+    }
+    const ratio = perTransaction[SERVICE] / perTransaction[BARE]
+    figure('instructions_ratio', {}, ratio, 'service/bare')
+    console.log(`\n## Event writers, instructions: ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, commit ${gitDescription()}\n`)
+    console.log(`service: migrations ${applied.join(', ')}; the orchestrator's transaction in single-user mode under callgrind (Postgres ${run([join(bin, 'postgres'), '--version']).trim()})\n`)
+    console.log(table(['database', 'instructions per transaction'], [[sideName(BARE), formatInt(perTransaction[BARE])], [sideName(SERVICE), formatInt(perTransaction[SERVICE])]]))
+    console.log(`\nservice / bare: ${fixed(ratio, 3)} (${fixed((ratio - 1) * 100, 1)}% more instructions per transaction)`)
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
+}
+
+(args.instructions ? instructions() : main()).catch((err: unknown) => {
   console.error(err)
   process.exit(1)
 })

@@ -265,7 +265,15 @@ class Bridge {
       this.#running = connection
       try {
         if (startup) {
-          connection.settings = parseStartupOptions(parseStartupParameters(message).get('options') ?? '')
+          const parameters = parseStartupParameters(message)
+          if (asksReplication(parameters.get('replication'))) {
+            // The one backend would become a WAL sender for every connection
+            // (and refuse their queries): refused, as a server without
+            // replication refuses it. The event wake-up then polls.
+            connection.write(fatal('0A000', 'the embedded database does not serve replication connections'))
+            connection.close()
+          }
+          connection.settings = parseStartupOptions(parameters.get('options') ?? '')
         }
         if (!this.#midCycle) await this.#applySettings(connection)
       } catch (err) {
@@ -329,6 +337,11 @@ class Bridge {
       await this.#abandon(connection)
     }
   }
+}
+
+/** Whether a StartupMessage's `replication` parameter asks for a replication connection (`true`, `database`, ...). */
+function asksReplication (value: string | undefined): boolean {
+  return value !== undefined && !['false', 'off', 'no', '0'].includes(value.toLowerCase())
 }
 
 /** The key/value pairs of a StartupMessage (user, database, options, ...). */

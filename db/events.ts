@@ -1,7 +1,7 @@
 import { sql, type Expression } from 'kysely'
 import { Event } from '../schemas/resources.js'
-import { rowObject } from './json.js'
-import type { Db } from './queries.js'
+import { jsonArray, jsonObject, rowJson } from './json.js'
+import type { Db } from './schema.js'
 
 /*
  * Reads of the persisted event log. Ids are read as JavaScript numbers:
@@ -20,6 +20,10 @@ export interface EventFilter {
   threadId?: string
 }
 
+/** Whether `event` passes `filter` (the SQL of matchingAfter, for events already in memory). */
+export const matchesFilter = (filter: EventFilter, event: StoredEvent) =>
+  (filter.runId === undefined || filter.runId === event.runId) && (filter.threadId === undefined || filter.threadId === event.threadId)
+
 /** An event as the stream carries it: its id, the keys it is filtered on, and its envelope as one line of JSON. */
 export interface StoredEvent {
   id: number
@@ -28,9 +32,8 @@ export interface StoredEvent {
   json: string
 }
 
-/** The envelope of row `e` as jsonb (rows of a page), and as JSON text (no newline: JSON escapes them). */
-const envelope = rowObject(Event, 'e')
-const envelopeText = sql<string>`(${envelope})::text`
+/** The envelope of row `e` as one line of JSON text (JSON escapes newlines), built as every response body is (db/json.ts). */
+const envelope = rowJson(Event, 'e')
 
 /**
  * The settled position of the statement's own snapshot, as text: `known`
@@ -84,24 +87,17 @@ export async function settledNow (db: Db, known: number): Promise<number> {
 }
 
 /** The columns a StoredEvent is read from, and the reading. */
-const storedEventColumns = ['e.event_id', 'e.run_id', 'e.thread_id', envelopeText.as('json')] as const
+const storedEventColumns = ['e.event_id', 'e.run_id', 'e.thread_id', envelope.as('json')] as const
 const toStoredEvent = (row: { event_id: string, run_id: string, thread_id: string, json: string }): StoredEvent =>
   ({ id: Number(row.event_id), runId: row.run_id, threadId: row.thread_id, json: row.json })
-
-/**
- * Up to `limit` visible events after `afterId`, in ascending id order,
- * settled or not: only the hub reads so, and settles what it reads.
- */
-export async function eventsAfter (db: Db, afterId: number, limit: number): Promise<StoredEvent[]> {
-  const rows = await matchingAfter(db, afterId, {}, limit).select(storedEventColumns).execute()
-  return rows.map(toStoredEvent)
-}
 
 /**
  * Up to `limit` events in (afterId, upTo] that match `filter`, ascending,
  * with the history's floor read in the same statement: the events are only
  * what the client missed when `afterId` is at or above it. `upTo` must be
- * settled (the hub's head): nothing above it is read.
+ * settled (the hub's head): nothing above it is read. Without `upTo`, the
+ * visible events, settled or not: only the hub reads so, and settles what
+ * it reads.
  */
 export async function eventsAfterKept (db: Db, afterId: number, filter: EventFilter, limit: number, upTo?: number): Promise<{ floor: number, events: StoredEvent[] }> {
   const page = matchingAfter(db, afterId, filter, limit, upTo).select(storedEventColumns)
@@ -121,6 +117,8 @@ export interface EventPage {
   cursor: string
   /** The history's floor, read in the same statement. */
   floor: number
+  /** Whether the page holds `limit` events: then no event can ever join it (they are all settled). */
+  full: boolean
 }
 
 /**
@@ -137,11 +135,24 @@ export async function listEvents (db: Db, afterId: number | undefined, filter: E
     .select(['e.event_id', envelope.as('item')])
   const row = await db.selectFrom(page.as('p'))
     .select([
-      sql<string>`json_build_object('events', coalesce(json_agg(p.item order by p.event_id), '[]'::json))::text`.as('body'),
+      jsonObject({ events: jsonArray(sql`p.item`, sql`p.event_id`) }).as('body'),
       sql<string>`case when count(*) = ${limit} then max(p.event_id)
         else greatest(${after}, ${settled(known)}) end::text`.as('cursor'),
-      sql<string>`${historyFloor}::text`.as('floor')
+      sql<string>`${historyFloor}::text`.as('floor'),
+      sql<boolean>`count(*) = ${limit}`.as('full')
     ])
     .executeTakeFirstOrThrow()
   return { ...row, floor: Number(row.floor) }
+}
+
+/**
+ * Whether the run or thread a Durable Streams URL names (`filter` holds
+ * one of them) exists. Events may name a run whose row is not there: the
+ * row decides, so a 404 names a run the API does not know at all.
+ */
+export async function streamSubjectExists (db: Db, filter: EventFilter): Promise<boolean> {
+  const row = filter.runId !== undefined
+    ? await db.selectFrom('runs').select('run_id as id').where('run_id', '=', filter.runId).executeTakeFirst()
+    : await db.selectFrom('threads').select('thread_id as id').where('thread_id', '=', filter.threadId!).executeTakeFirst()
+  return row !== undefined
 }

@@ -1,7 +1,7 @@
 import { Ajv, type ErrorObject } from 'ajv'
 import addFormats from 'ajv-formats'
 import { readFile } from 'node:fs/promises'
-import { Type, type TSchema } from 'typebox'
+import { Type, type Static, type TSchema } from 'typebox'
 import type { Transaction } from 'kysely'
 import type { Database } from './schema.js'
 import type { Writer } from './writer.js'
@@ -12,13 +12,17 @@ import type { Writer } from './writer.js'
  * loading twice changes nothing). A bad document is refused whole, with
  * the path of the first problem in it (`tasks[3].status is required`), and
  * nothing is written. Events need their event_id, since that is their key.
+ *
+ * The row schemas below restate the tables' columns: a JSON Schema is needed
+ * at run time, and db/schema.ts is types only. test/fixtures.test.ts holds
+ * them to the migrated tables and to db/schema.ts.
  */
 
 const Text = Type.String()
 const OptionalText = Type.Optional(Type.Union([Type.String(), Type.Null()]))
 const Timestamp = Type.Optional(Type.String({ format: 'date-time' }))
 const AnyJson = Type.Unknown()
-const row = (properties: Record<string, TSchema>) => Type.Object(properties, { additionalProperties: false })
+const row = <Properties extends Record<string, TSchema>>(properties: Properties) => Type.Object(properties, { additionalProperties: false })
 
 const tables = {
   runs: row({ run_id: Text, goal: Text, summary: Text, status: Text, created_at: Timestamp, updated_at: Timestamp }),
@@ -46,8 +50,10 @@ const tables = {
 }
 
 type Table = keyof typeof tables
+/** A fixture row of each table, as its schema above admits it. */
+export type FixtureRows = { [T in Table]: Static<typeof tables[T]> }
 /** Tables in the order rows must go in (each after those it references). */
-const TABLES = Object.keys(tables) as Table[]
+export const TABLES = Object.keys(tables) as Table[]
 
 export const FixtureSchema = Type.Object(
   Object.fromEntries(TABLES.map((table) => [table, Type.Optional(Type.Array(tables[table]))])),

@@ -2,15 +2,14 @@ import { sql, type Expression, type RawBuilder } from 'kysely'
 import type { TObject, TSchema } from 'typebox'
 
 /*
- * Postgres builds every response body (see README, "How a response is
+ * Postgres builds every response body (see docs/database.md, "How a response is
  * built"): one statement per request reads one snapshot, raw JSON columns
  * pass through byte-for-byte as jsonb prints them (no JSON.parse rounding
  * of large numbers), and timestamps keep their microseconds. The object of
  * each row is derived from the resource's TypeBox schema, so the schema
  * stays the single definition of which fields exist and which are optional.
- * Response bodies are built as text (rowJson and its companions, below);
- * the event envelope as jsonb (rowObject), whose printed form the stream
- * sends.
+ * Every body, and the event envelope the stream sends, is built as text by
+ * rowJson and its companions below.
  */
 
 /** RFC 3339 in UTC with microseconds, e.g. 2026-11-21T09:28:40.123456Z: exact and sortable as text. */
@@ -24,42 +23,6 @@ interface PropertySchema { type?: unknown, format?: unknown, $ref?: unknown }
 const isRawJson = (schema: PropertySchema) => schema.type === undefined && schema.$ref === undefined
 const isNested = (schema: PropertySchema) => schema.$ref !== undefined || schema.type === 'array'
 
-const pair = (key: string, value: Expression<unknown>) => sql`${sql.lit(key)}, ${value}`
-
-/**
- * The JSON object of one row of `table` (an alias in the query), as jsonb,
- * shaped by `schema`: optional fields are omitted when NULL (never null,
- * never ""), raw JSON columns are copied as stored, timestamps are
- * formatted by utcTimestamp. A schema's nested fields (arrays, references)
- * have no column: an optional one is omitted, a required one refused. The
- * event envelope is built this way.
- */
-export function rowObject (schema: TObject, table: string): RawBuilder<unknown> {
-  const required = new Set<string>(schema.required ?? [])
-  const scalars: RawBuilder<unknown>[] = []
-  const verbatim: RawBuilder<unknown>[] = []
-  let hasOptionalScalar = false
-  for (const [key, property] of Object.entries(schema.properties as Record<string, TSchema & PropertySchema>)) {
-    if (isNested(property)) {
-      if (required.has(key)) throw new Error(`rowObject: ${(schema as { $id?: string }).$id ?? 'schema'}.${key} is nested and must be given`)
-      continue
-    }
-    const column = sql.ref(`${table}.${key}`)
-    if (isRawJson(property)) {
-      verbatim.push(pair(key, column))
-    } else {
-      scalars.push(pair(key, property.format === 'date-time' ? utcTimestamp(column) : column))
-      hasOptionalScalar ||= !required.has(key)
-    }
-  }
-  // Strip before adding raw JSON, so a null inside a raw value is kept.
-  let object = sql`jsonb_build_object(${sql.join(scalars)})`
-  if (hasOptionalScalar) object = sql`jsonb_strip_nulls(${object})`
-  return verbatim.length === 0 ? object : sql`(${object} || jsonb_build_object(${sql.join(verbatim)}))`
-}
-
-// ---- response bodies: JSON built as text -----------------------------------
-
 /** Between members, and after each key a space, as jsonb prints objects: the bodies read as they always have. */
 const SEPARATOR = ', '
 
@@ -72,14 +35,15 @@ function jsonValue (property: PropertySchema, column: Expression<unknown>): RawB
 
 /**
  * The JSON object of one row of `table` (an alias in the query), as text,
- * shaped by `schema` as rowObject shapes it (optional fields omitted when
- * NULL, raw JSON copied as stored, timestamps by utcTimestamp, nested
- * fields from `nested`), but concatenated rather than built as jsonb: each
- * value is written once, where jsonb would build, sort, strip and print
- * the object again. The response bodies are built this way, from 1.5 to 3.5
- * times faster in Postgres than with jsonb (BENCHMARKS.md). An optional
- * field's `, "key": value` piece is NULL when its column is, and concat()
- * leaves NULLs out. Required fields come first, so that the object opens
+ * shaped by `schema`: optional fields are omitted when NULL (never null,
+ * never ""), raw JSON columns are copied as stored, timestamps are
+ * formatted by utcTimestamp, and the nested fields (arrays, references),
+ * which have no column, come from `nested` (an optional one not given is
+ * omitted, a required one refused). Concatenated rather than built as
+ * jsonb: each value is written once, where jsonb would build, sort, strip
+ * and print the object again (BENCHMARKS.md, "Bodies built as JSON text").
+ * An optional field's `, "key": value` piece is NULL when its column is,
+ * and concat() leaves NULLs out. Required fields come first, so that the object opens
  * with one and no piece needs its leading separator removed.
  */
 export function rowJson (

@@ -1,4 +1,5 @@
-import { DEFAULT_MIGRATION_TABLE, Kysely, Migrator, PostgresDialect } from 'kysely'
+import { Kysely, PostgresDialect } from 'kysely'
+import { DEFAULT_MIGRATION_TABLE, Migrator } from 'kysely/migration'
 import pg from 'pg'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { pathToFileURL } from 'node:url'

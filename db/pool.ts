@@ -1,6 +1,6 @@
 import { Kysely, PostgresDialect } from 'kysely'
 import pg from 'pg'
-import type { Database } from './schema.js'
+import type { Database, Db } from './schema.js'
 
 export interface ReadPoolOptions {
   connectionString: string
@@ -48,7 +48,7 @@ export function createReadPool (options: ReadPoolOptions): pg.Pool {
   return pool
 }
 
-export function createDb (pool: pg.Pool): Kysely<Database> {
+export function createDb (pool: pg.Pool): Db {
   return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) })
 }
 

@@ -1,10 +1,9 @@
-import { createHash } from 'node:crypto'
-import { DummyDriver, Kysely, PostgresAdapter, PostgresIntrospector, PostgresQueryCompiler, sql, type Compilable, type Expression, type ExpressionBuilder } from 'kysely'
+import { sql, type Expression, type ExpressionBuilder } from 'kysely'
 import type pg from 'pg'
 import * as Resource from '../schemas/resources.js'
 import { settledPosition } from './events.js'
 import { jsonArray, jsonObject, rowJson, utcTimestamp } from './json.js'
-import type { Database } from './schema.js'
+import { builder, queryRow, Statement } from './statement.js'
 
 /*
  * The read queries of SPEC section 4. Each is ONE statement that returns
@@ -13,10 +12,8 @@ import type { Database } from './schema.js'
  * and a run detail or thread detail is one round trip, never N+1.
  * A query that finds nothing to answer for (unknown id) returns undefined.
  * Each statement is built once, at startup, and runs through the pool as a
- * prepared statement (see Statement and queryRow below).
+ * prepared statement (db/statement.ts).
  */
-
-export type Db = Kysely<Database>
 
 /** The sort key of the last item of a page: where the next page starts (keyset paging). */
 export interface PageKey {
@@ -171,92 +168,53 @@ function toBlockedBody (row: BlockedRow): BlockedBody {
   return { body: row.body, eventCursor: row.event_cursor, leftOut: row.left_out ?? [] }
 }
 
-// ---- prepared statements ---------------------------------------------------
-
-/** Builds statements only: they run through the pool (queryRow below), never through a Kysely driver. */
-export const builder: Db = new Kysely<Database>({
-  dialect: {
-    createAdapter: () => new PostgresAdapter(),
-    createDriver: () => new DummyDriver(),
-    /* c8 ignore next: Kysely asks for it only to introspect the schema, which this builder never does */
-    createIntrospector: (db) => new PostgresIntrospector(db),
-    createQueryCompiler: () => new PostgresQueryCompiler()
-  }
-})
-
-/** What an argument is built with: the compiled statement's parameter that holds it says which argument goes there. */
-const placeholder = (i: number) => `\u0000argument ${i}\u0000`
-
-/**
- * A read built once, at startup, into one SQL text whose parameters are the
- * read's arguments, and run as a prepared statement named after that text:
- * Postgres parses and plans it once per connection rather than once per
- * request, and no request pays for building and compiling the query
- * (BENCHMARKS.md: together, most of a small run detail's cost).
- */
-export class Statement<Args extends unknown[]> {
-  readonly name: string
-  readonly text: string
-  readonly #slots: Array<{ argument: number } | { constant: unknown }>
-
-  constructor (arity: number, build: (...args: Args) => Compilable<unknown>) {
-    const placeholders = Array.from({ length: arity }, (_, i) => placeholder(i))
-    const compiled = build(...(placeholders as unknown as Args)).compile()
-    this.text = compiled.sql
-    this.name = `ocp_${createHash('sha256').update(compiled.sql).digest('hex').slice(0, 24)}`
-    this.#slots = compiled.parameters.map((value) => {
-      const argument = placeholders.indexOf(value as string)
-      return argument >= 0 ? { argument } : { constant: value }
-    })
-  }
-
-  values (args: Args): unknown[] {
-    return this.#slots.map((slot) => 'argument' in slot ? args[slot.argument] : slot.constant)
-  }
-}
-
-/** SQLSTATE duplicate_prepared_statement. */
-const DUPLICATE_PREPARED_STATEMENT = '42P05'
-
-/**
- * Connections whose server session is shared with other connections (a
- * pooler handing one server session to several clients): there a statement
- * name may already have been prepared by another connection, so they run
- * statements unnamed. (The embedded database's bridge gives each connection
- * names of its own, as a server does.)
- */
-const sharedSessions = new WeakSet<pg.PoolClient>()
-
-/** The first row of a statement, run on a pooled connection as a prepared statement. */
-export async function queryRow<Row extends pg.QueryResultRow, Args extends unknown[]> (
-  pool: pg.Pool, statement: Statement<Args>, ...args: Args
-): Promise<Row | undefined> {
-  const values = statement.values(args)
-  const client = await pool.connect()
-  try {
-    if (!sharedSessions.has(client)) {
-      try {
-        return (await client.query<Row>({ name: statement.name, text: statement.text, values })).rows[0]
-      } catch (err) {
-        if ((err as { code?: unknown }).code !== DUPLICATE_PREPARED_STATEMENT) throw err
-        sharedSessions.add(client)
-      }
-    }
-    return (await client.query<Row>({ text: statement.text, values })).rows[0]
-  } finally {
-    client.release()
-  }
-}
-
 // ---- the queries ----------------------------------------------------------
 
 interface PageRow extends pg.QueryResultRow { body: string, next_created_at: string | null, next_id: string | null, event_cursor: string }
 interface BlockedRow extends pg.QueryResultRow { body: string, left_out: string[] | null, event_cursor: string }
 interface BodyRow extends pg.QueryResultRow { body: string, event_cursor: string }
 
-/** listRuns' statement: a page of runs after `after` (or the first), at most `limit` of them. */
-function listRunsQuery (known: number, limit: number, limitPlusOne: number, after?: PageKey) {
-  const rows = builder.selectFrom('runs as r')
+/**
+ * The runs of a filtered page, before their task counts: for each status
+ * wanted, its own keyset page from runs_status_created_at_run_id_idx
+ * (migration 0007), then the newest `limitPlusOne` of those. A plain
+ * `status = any(...)` filter would walk the whole list in order and skip the
+ * runs in other statuses: the whole table for a rare status. Here a page
+ * reads at most a page per status wanted. Stating the later pages' key as
+ * (status, created_at, run_id) < (wanted, ...) matters for the generic plan of
+ * the prepared statement: written as (created_at, run_id) < (...), the list's
+ * own index takes it as an index condition too and the planner, estimating
+ * the status filter without its value, may pick that index and skip its way
+ * through most of the table.
+ */
+function runsInStatuses (limitPlusOne: number, statuses: string[], after?: PageKey) {
+  return builder.selectFrom(sql<{ status: string }>`unnest(${statuses}::text[])`.as<'wanted'>(sql`wanted(status)`))
+    .innerJoinLateral((eb) => eb.selectFrom('runs as one').selectAll('one')
+      .whereRef('one.status', '=', 'wanted.status')
+      // The status leads the keyset comparison so that only the status index can start the scan at the key.
+      .$if(after !== undefined, (query) => query.where((inner) => inner(
+        inner.refTuple('one.status', 'one.created_at', 'one.run_id'), '<',
+        inner.tuple(inner.ref('wanted.status'), sql<Date>`${after!.createdAt}::timestamptz`, after!.id)
+      )))
+      .orderBy('one.created_at', 'desc')
+      .orderBy('one.run_id', 'desc')
+      .limit(limitPlusOne)
+      .as('one'), (join) => join.onTrue())
+    .selectAll('one')
+    .orderBy('one.created_at', 'desc')
+    .orderBy('one.run_id', 'desc')
+    .limit(limitPlusOne)
+}
+
+/** listRuns' statement: a page of runs after `after` (or the first), at most `limit` of them, in `statuses` when given. */
+function listRunsQuery (known: number, limit: number, limitPlusOne: number, after?: PageKey, statuses?: string[]) {
+  const runs = statuses === undefined
+    ? builder.selectFrom('runs as r')
+      .$if(after !== undefined, (query) => query.where((eb) => eb(
+        eb.refTuple('r.created_at', 'r.run_id'), '<', eb.tuple(sql<Date>`${after!.createdAt}::timestamptz`, after!.id)
+      )))
+    : builder.selectFrom(runsInStatuses(limitPlusOne, statuses, after).as('r'))
+  const rows = runs
     .innerJoinLateral((eb) => taskCounts(eb, eb.ref('r.run_id')).as('c'), (join) => join.onTrue())
     .select((eb) => [
       jsonObject({ run: rowJson(Resource.Run, 'r'), task_counts: sql`c.task_counts`, total_tasks: sql`c.total_tasks` }).as('item'),
@@ -264,9 +222,6 @@ function listRunsQuery (known: number, limit: number, limitPlusOne: number, afte
       utcTimestamp(eb.ref('r.created_at')).as('key_created_at'),
       'r.run_id as key_id'
     ])
-    .$if(after !== undefined, (query) => query.where((eb) => eb(
-      eb.refTuple('r.created_at', 'r.run_id'), '<', eb.tuple(sql<Date>`${after!.createdAt}::timestamptz`, after!.id)
-    )))
     .orderBy('r.created_at', 'desc')
     .orderBy('r.run_id', 'desc')
     .limit(limitPlusOne)
@@ -276,13 +231,24 @@ function listRunsQuery (known: number, limit: number, limitPlusOne: number, afte
 const listRunsFirst = new Statement(3, (known: number, limit: number, limitPlusOne: number) => listRunsQuery(known, limit, limitPlusOne))
 const listRunsAfter = new Statement(5, (known: number, limit: number, limitPlusOne: number, createdAt: string, id: string) =>
   listRunsQuery(known, limit, limitPlusOne, { createdAt, id }))
+const listRunsInFirst = new Statement(4, (known: number, limit: number, limitPlusOne: number, statuses: string[]) =>
+  listRunsQuery(known, limit, limitPlusOne, undefined, statuses))
+const listRunsInAfter = new Statement(6, (known: number, limit: number, limitPlusOne: number, createdAt: string, id: string, statuses: string[]) =>
+  listRunsQuery(known, limit, limitPlusOne, { createdAt, id }, statuses))
 
-/** listRuns: newest first (created_at desc, run_id desc), each with its task counts. */
-export async function listRuns (pool: pg.Pool, page: Page & { limit: number }, known: number): Promise<PagedBody> {
-  const { limit, after } = page
-  const row = after === undefined
-    ? await queryRow<PageRow, [number, number, number]>(pool, listRunsFirst, known, limit, limit + 1)
-    : await queryRow<PageRow, [number, number, number, string, string]>(pool, listRunsAfter, known, limit, limit + 1, after.createdAt, after.id)
+/** listRuns: newest first (created_at desc, run_id desc), each with its task counts; only runs in `statuses` when given. */
+export async function listRuns (pool: pg.Pool, page: Page & { limit: number, statuses?: string[] }, known: number): Promise<PagedBody> {
+  const { limit, after, statuses } = page
+  let row: PageRow | undefined
+  if (statuses === undefined) {
+    row = after === undefined
+      ? await queryRow<PageRow, [number, number, number]>(pool, listRunsFirst, known, limit, limit + 1)
+      : await queryRow<PageRow, [number, number, number, string, string]>(pool, listRunsAfter, known, limit, limit + 1, after.createdAt, after.id)
+  } else {
+    row = after === undefined
+      ? await queryRow<PageRow, [number, number, number, string[]]>(pool, listRunsInFirst, known, limit, limit + 1, statuses)
+      : await queryRow<PageRow, [number, number, number, string, string, string[]]>(pool, listRunsInAfter, known, limit, limit + 1, after.createdAt, after.id, statuses)
+  }
   return toPagedBody(row!)
 }
 

@@ -1,9 +1,18 @@
-import type { ColumnType, Generated } from 'kysely'
+import type { ColumnType, Generated, Kysely } from 'kysely'
 
 /**
  * The shared Postgres schema (CONTRACT section 1). The orchestrator writes
  * these tables; this service only reads them. Migrations in db/migrations
  * create exactly these columns.
+ *
+ * Where else the columns are written, and why each copy stays one: the
+ * migrations (history, frozen as run, importing no app code); the fixture
+ * row schemas (db/fixtures.ts: validation needs a runtime schema, and these
+ * types have none); the wire resources (schemas/resources.ts: SPEC's shapes,
+ * which differ from the rows); the bench generator's SQL (bench/generate.ts:
+ * rows made inside Postgres). test/fixtures.test.ts binds the first three
+ * to the migrated tables, so a column added in one place and not the others
+ * fails there.
  */
 
 /** timestamptz: read as Date, written as Date or ISO string, defaulting to now(). */
@@ -108,3 +117,6 @@ export interface Database {
   artifacts: ArtifactsTable
   events: EventsTable
 }
+
+/** A query builder over the schema: the type every db/ function that builds or runs a query with Kysely takes. */
+export type Db = Kysely<Database>

@@ -58,6 +58,25 @@ export const PageQuery = Type.Object({
   }))
 })
 
+/** The run list's query: paging, and a filter on the run's status. */
+export const RunsQuery = Type.Object({
+  ...PageQuery.properties,
+  status: Type.Optional(Type.String({
+    minLength: 1,
+    maxLength: 4096,
+    pattern: '^[^\\u0000]+$',
+    description: 'Only runs in this status, or in any of several separated by commas (`status=running,blocked`); the orchestrator\'s strings, matched exactly'
+  }))
+})
+
+/** The statuses of `status=a,b` (empty items dropped, each once); undefined when absent; only commas is a 400. */
+export function parseStatuses (text: string | undefined): string[] | undefined {
+  if (text === undefined) return undefined
+  const statuses = [...new Set(text.split(',').filter((status) => status !== ''))]
+  if (statuses.length === 0) throw badRequest('status must name at least one status')
+  return statuses
+}
+
 export const Health = Type.Object({ status: Type.Literal('ok') }, { $id: 'Health', additionalProperties: false })
 
 export const RunList = Type.Object({
@@ -126,3 +145,31 @@ export const eventCursorErrors = {
 }
 
 export const notFoundErrors = { ...commonErrors, 404: errorResponse('`not_found`: no such run or thread') }
+
+// ---- HTTP caching (CONTRACT section 7; plugins/app/http-cache.ts) -----------
+
+/** The request header of a conditional read. */
+export const ConditionalHeaders = Type.Object({
+  'if-none-match': Type.Optional(Type.String({ description: 'ETags of bodies the client holds, or `*`: 304 with no body while the body would be the same (weak tags compared weakly; a malformed field is ignored)' }))
+})
+
+/** What the Cache-Control of each kind of read says, for the docs. */
+export const CACHE_CONTROL_DOCS = {
+  state: '`no-cache` (with API_TOKENS: `private, no-cache`): keep it, but revalidate (If-None-Match) before every use',
+  events: 'A full page after an explicit after_event_id is final: `public, max-age=31536000, immutable`; any other page `public, max-age=5`. With API_TOKENS, `private` instead of `public`, and Vary: Authorization'
+} as const
+
+/** A JSON read's 200: its body, and the headers that say where it was read and how it may be cached. */
+export const readResponse = (ref: string, description: string, cacheControl: string) => ({
+  ...Type.Ref(ref, { description }),
+  headers: {
+    'x-event-cursor': Type.String({ description: 'The event stream position the body was read at: subscribe with after_event_id=<it> and nothing between is missed' }),
+    etag: Type.String({ description: 'A strong tag of the body; send it in If-None-Match to revalidate' }),
+    'cache-control': Type.String({ description: cacheControl })
+  }
+})
+
+/** The 304 of a conditional read. */
+export const notModified = {
+  304: Type.Null({ description: 'Not Modified: the body would be the one If-None-Match names. No body; ETag, Cache-Control and X-Event-Cursor (the current position) are sent' })
+}

@@ -2,7 +2,7 @@ import { Type, type TObject } from 'typebox'
 
 /*
  * The resources of SPEC section 2, one schema each, registered once by $id
- * (plugins/schemas.ts) and referenced by the routes. Required and optional
+ * (plugins/app/schemas.ts) and referenced by the routes. Required and optional
  * fields are exactly SPEC's; an optional field is omitted when its column
  * is NULL. The same definitions drive validation, the SQL projection
  * (db/json.ts) and the contract tests.

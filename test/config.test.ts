@@ -23,6 +23,9 @@ t.test('defaults', async (t) => {
     MIGRATE_ON_START: true,
     RUN_LIST_DEFAULT_LIMIT: 1000,
     EVENTS_POLL_INTERVAL_MS: 250,
+    EVENTS_WAKEUP: 'auto',
+    EVENTS_WAKEUP_POLL_INTERVAL_MS: 1000,
+    EVENTS_WINDOW_BYTES: 33554432,
     EVENTS_CLOCK_INTERVAL_MS: 1000,
     SSE_KEEPALIVE_MS: 15000,
     SSE_RETRY_MS: 2000,
@@ -31,6 +34,8 @@ t.test('defaults', async (t) => {
     LOG_FORMAT: 'auto',
     SHUTDOWN_GRACE_MS: 10000,
     SSE_MAX_STREAMS: 10000,
+    STREAMS_LONG_POLL_MS: 20000,
+    STREAMS_SSE_MAX_MS: 60000,
     REQUEST_TIMEOUT_MS: 30000,
     CONNECTION_TIMEOUT_MS: 120000,
     API_TOKENS: '',
@@ -74,6 +79,8 @@ t.test('a bad or missing value is refused, naming the variable', async (t) => {
     [{ DATABASE_URL: url, DB_CONNECT_TIMEOUT_MS: '1.5' }, /DB_CONNECT_TIMEOUT_MS/],
     [{ DATABASE_URL: url, MIGRATE_ON_START: 'perhaps' }, /MIGRATE_ON_START/],
     [{ DATABASE_URL: url, RUN_LIST_DEFAULT_LIMIT: '5000' }, /RUN_LIST_DEFAULT_LIMIT/],
+    [{ DATABASE_URL: url, EVENTS_WAKEUP: 'notify' }, /EVENTS_WAKEUP/],
+    [{ DATABASE_URL: url, EVENTS_WAKEUP_POLL_INTERVAL_MS: '5' }, /EVENTS_WAKEUP_POLL_INTERVAL_MS/],
     ...['30', '10x', '0s', '-5s', '1.5h', '10 days', '30D', '1234567890s'].map((value): [Record<string, string>, RegExp] => [{ DATABASE_URL: url, EVENTS_RETENTION: value }, /EVENTS_RETENTION/]),
     [{ DATABASE_URL: url, CONNECTION_TIMEOUT_MS: '10000', SSE_KEEPALIVE_MS: '15000' }, /CONNECTION_TIMEOUT_MS must be greater than SSE_KEEPALIVE_MS/]
   ]

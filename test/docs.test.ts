@@ -1,4 +1,4 @@
-import { readFileSync } from 'node:fs'
+import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
@@ -6,11 +6,12 @@ import { ConfigSchema } from '../config.js'
 import { ErrorCodes } from '../errors.js'
 
 // The documentation names every setting the code reads: the README's table
-// and .env.example stay in step with config.ts.
+// and .env.example stay in step with config.ts; and every path it names exists.
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 const readme = readFileSync(join(root, 'README.md'), 'utf8')
 const example = readFileSync(join(root, '.env.example'), 'utf8')
+const tracingDoc = readFileSync(join(root, 'docs/tracing.md'), 'utf8')
 
 t.test('every configuration variable is documented', async (t) => {
   const variables = Object.keys(ConfigSchema.properties)
@@ -19,11 +20,52 @@ t.test('every configuration variable is documented', async (t) => {
     t.match(example, new RegExp(`^${name}=`, 'm'), `.env.example lists ${name}`)
   }
   const documented = [...readme.matchAll(/^\| `([A-Z_]+)` \|/gm)].map((match) => match[1])
-  t.same(documented.filter((name) => !variables.includes(name!)), [], 'and the README documents no variable that does not exist')
+  // OTEL_* are the OpenTelemetry SDK's own variables (tracing.ts), not config.ts's.
+  t.same(documented.filter((name) => !variables.includes(name!) && !name!.startsWith('OTEL_')), [], 'and the README documents no variable that does not exist')
+  t.match(tracingDoc, /^\| `OTEL_EXPORTER_OTLP_ENDPOINT` \|/m, 'and docs/tracing.md the tracing variables')
 })
 
 t.test('every error code is documented, with its status', async (t) => {
   for (const [code, status] of Object.entries(ErrorCodes)) {
     t.match(readme, new RegExp(`^\\| ${status} \\| \`${code}\` \\|`, 'm'), `README's error table has ${status} ${code}`)
+  }
+})
+
+/** The Markdown files a reader opens: the README, BENCHMARKS.md and docs/. */
+const markdownFiles = ['README.md', 'BENCHMARKS.md', ...readdirSync(join(root, 'docs')).filter((name) => name.endsWith('.md')).map((name) => `docs/${name}`)]
+
+/** A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as hyphens. */
+const anchorOf = (heading: string) => heading.trim().toLowerCase().replace(/[^\p{L}\p{N}\s_-]/gu, '').replace(/\s/g, '-')
+
+/** The anchors of a Markdown file's headings (outside code blocks). */
+function anchorsOf (file: string): Set<string> {
+  const text = readFileSync(file, 'utf8').replace(/^```[^\n]*\n[\s\S]*?^```/gm, '')
+  return new Set([...text.matchAll(/^#{1,6} (.+)$/gm)].map((match) => anchorOf(match[1]!)))
+}
+
+t.test('every link to a section of the documentation finds its heading', async (t) => {
+  for (const file of markdownFiles) {
+    const text = readFileSync(join(root, file), 'utf8')
+    for (const [, target, anchor] of text.matchAll(/\]\(([^)#\s]*)#([^)\s]+)\)/g)) {
+      if (/^[a-z]+:/.test(target!)) continue
+      const linked = target === '' ? join(root, file) : join(root, dirname(file), target!)
+      if (!linked.startsWith(root) || !linked.endsWith('.md')) continue
+      t.ok(anchorsOf(linked).has(anchor!), `${file} links to ${target}#${anchor}`)
+    }
+  }
+})
+
+t.test('every repository path the documentation names exists', async (t) => {
+  for (const file of markdownFiles) {
+    const text = readFileSync(join(root, file), 'utf8')
+    // Relative links, and file paths in code spans (a folder and a file with an extension).
+    const links = [...text.matchAll(/\]\(([^)#\s]+)(?:#[^)]*)?\)/g)].map((match) => match[1]!).filter((target) => !/^[a-z]+:/.test(target))
+    const spans = [...text.matchAll(/`((?:[\w.-]+\/)+[\w.-]+\.[a-z]{2,8})`/g)].map((match) => match[1]!)
+      .filter((path) => !path.startsWith('dist/') && !path.includes('node_modules'))
+    for (const path of new Set([...links, ...spans])) {
+      const fromFile = join(root, dirname(file), path)
+      if (!fromFile.startsWith(root)) continue // outside the repository (the shared contract beside it)
+      t.ok(existsSync(fromFile) || existsSync(join(root, path)), `${file} names ${path}`)
+    }
   }
 })

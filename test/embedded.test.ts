@@ -103,6 +103,22 @@ t.test('each connection keeps its own startup settings, as on a server', async (
   t.same((await writer.query(`select current_setting('default_transaction_read_only') as ro`)).rows, [{ ro: 'off' }], 'the writer is still read-write')
 })
 
+t.test('a replication connection is refused (0A000), and the others are not disturbed', async (t) => {
+  const database = await embedded(t)
+  const pool = new pg.Pool({ connectionString: database.url, max: 1 })
+  t.teardown(() => pool.end())
+  await pool.query('select 1')
+  for (const replication of ['true', 'database'] as const) {
+    const walSender = new pg.Client({ connectionString: database.url, replication } as pg.ClientConfig)
+    await t.rejects(walSender.connect(), { code: '0A000', message: /does not serve replication connections/ }, replication)
+  }
+  const plain = new pg.Client({ connectionString: database.url, replication: 'false' } as pg.ClientConfig)
+  await plain.connect()
+  t.same((await plain.query('select 2 as n')).rows, [{ n: 2 }], 'replication=false is a plain connection')
+  await plain.end()
+  t.same((await pool.query({ text: 'select $1::int as n', values: [3] })).rows, [{ n: 3 }], 'the extended protocol still works for the others')
+})
+
 t.test('prepared statements: each connection has its own names, dropped when it goes', async (t) => {
   const database = await embedded(t)
   const clients = await Promise.all([0, 1, 2].map(async () => {

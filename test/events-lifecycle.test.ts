@@ -92,27 +92,30 @@ t.test('shutdown ends every open stream cleanly', async (t) => {
   t.equal(app.events.size, 0)
 })
 
-t.test('a database outage at connect answers 503 before any byte of stream', async (t) => {
+t.test('a database outage at connect: the stream answers a retry (the JSON page 503), and registers nothing', async (t) => {
   const app = await build(t, { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/none', DB_CONNECT_TIMEOUT_MS: 300, EVENTS_POLL_INTERVAL_MS: 10 })
   await new Promise((resolve) => setTimeout(resolve, 100)) // the poller has failed a few times meanwhile, harmlessly
-  for (const url of ['/api/events/stream', '/api/events/stream?after_event_id=0', '/api/events']) {
+  for (const url of ['/api/events/stream', '/api/events/stream?after_event_id=0']) {
     const res = await app.inject(url)
-    t.equal(res.statusCode, 503, url)
-    t.equal(res.json().error.code, 'unavailable')
+    t.equal(res.statusCode, 200, url)
+    t.equal(res.body, `retry: ${app.config.SSE_RETRY_MS}\n: unavailable: the database is unavailable, try again shortly\n\n`)
   }
+  const page = await app.inject('/api/events')
+  t.equal(page.statusCode, 503)
+  t.equal(page.json().error.code, 'unavailable')
   t.equal(app.events.size, 0)
 })
 
-t.test('a read failing after the hub is up still answers 503, and registers nothing', { skip: lockBlocksAll }, async (t) => {
+t.test('a read failing after the hub is up still answers a retry, and registers nothing', { skip: lockBlocksAll }, async (t) => {
   const { app, url } = await serve(t, { DB_STATEMENT_TIMEOUT_MS: 100 })
   await app.events.ready()
   const release = await lockTable('events')
   try {
     for (const path of ['/api/events/stream', '/api/events/stream?after_event_id=0']) {
       const stream = await openStream(url, path)
-      t.equal(stream.status, 503, path)
+      t.equal(stream.status, 200, path)
       await stream.ended
-      t.equal(JSON.parse(stream.body).error.code, 'unavailable')
+      t.same(stream.frames, [{ retry: String(app.config.SSE_RETRY_MS), comments: ['unavailable: the database is unavailable, try again shortly'] }])
     }
     t.equal(app.events.size, 0)
   } finally {

@@ -1,6 +1,7 @@
 import { sql } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
+import { REGISTRATION_NAMESPACE } from '../db/migrations/0003_event_order_without_lock.js'
 import { build } from './helpers/app.js'
 import { testDatabaseUrl } from './helpers/database.js'
 import { insertEvents, openStream } from './helpers/sse.js'
@@ -40,7 +41,7 @@ t.test('a second event writer does not wait for the first: no lock is held to co
 t.test('control: with a plain identity-style default, a naive event_id > cursor reader skips a late commit', async (t) => {
   const admin = await client()
   // What a plain identity column does: draw the id, registering nothing.
-  await admin.query('alter table events disable trigger events_assign_ordered_id')
+  await admin.query('alter table events disable trigger events_explicit_id')
   await admin.query(`alter table events alter column event_id set default nextval('events_event_id_seq')`)
   try {
     const first = await client()
@@ -59,7 +60,7 @@ t.test('control: with a plain identity-style default, a naive event_id > cursor 
     await second.end()
   } finally {
     await admin.query('alter table events alter column event_id set default events_next_id()')
-    await admin.query('alter table events enable trigger events_assign_ordered_id')
+    await admin.query('alter table events enable trigger events_explicit_id')
     await admin.end()
   }
 })
@@ -78,6 +79,43 @@ t.test('explicit ids (fixtures) are kept as given; later drawn ids stay above th
   const idempotent = await db.query('insert into events (event_id, event_type) values ($1, $2) on conflict (event_id) do nothing returning event_id', [explicit, 'again'])
   t.equal(idempotent.rowCount, 0, 'so ON CONFLICT DO NOTHING makes fixture loading idempotent')
   await db.end()
+})
+
+t.test('registration (migration 0005): a transaction of many events takes a few shared locks, not one per event; a rolled-back savepoint takes its registration with it', async (t) => {
+  const db = await client()
+  t.teardown(() => db.end())
+  const registrations = async () => Number((await db.query(`select count(*) as n from pg_locks
+    where pid = pg_backend_pid() and locktype = 'advisory' and classid::bigint >> 20 = $1`, [REGISTRATION_NAMESPACE])).rows[0].n)
+  await db.query('begin')
+  await db.query(`insert into events (event_type) values ('one')`)
+  t.equal(await registrations(), 1, 'the first event registers')
+  await db.query(`insert into events (event_type) select 'many' from generate_series(1, 5000)`)
+  // Each registration sets the marker with probability 1/16: 300 without it is a chance of 4e-9.
+  t.ok(await registrations() < 300, `5,001 events, ${await registrations()} registrations`)
+  await db.query('commit')
+
+  await db.query('begin')
+  await db.query('savepoint s')
+  await db.query(`insert into events (event_type) select 'undone' from generate_series(1, 500)`)
+  await db.query('rollback to savepoint s')
+  t.equal(await registrations(), 0, 'rolled back: the locks, and the marker with them, are gone')
+  await db.query(`insert into events (event_type) values ('kept')`)
+  t.equal(await registrations(), 1, 'so the next event registers again')
+  await db.query('commit')
+})
+
+t.test('events_settled reads the ids above its position by index, not the log below it (migration 0006)', async (t) => {
+  const db = await client()
+  t.teardown(() => db.end())
+  await db.query(`insert into events (event_type) select 'bulk' from generate_series(1, 3000)`)
+  const top = Number((await db.query('select max(event_id) as id from events')).rows[0].id)
+  await db.query('begin')
+  t.equal(Number((await db.query('select events_settled($1) as p', [top - 10])).rows[0].p), top, 'settled to the top: every id above the position is visible')
+  // This transaction's own index statistics, published at once.
+  const { rows: [read] } = await db.query(`select coalesce(sum(pg_stat_get_xact_tuples_returned(i.indexrelid)), 0)::int as n
+    from pg_index i where i.indrelid in (select inhrelid from pg_inherits where inhparent = 'events'::regclass)`)
+  t.ok(read.n <= 64 * 4, `index entries read: ${read.n} (the 3,000 below the position are not)`)
+  await db.query('commit')
 })
 
 t.test('concurrent writers committing in random order: every subscriber gets every committed event once, ascending', async (t) => {

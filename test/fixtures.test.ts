@@ -1,8 +1,10 @@
 import { mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { sql } from 'kysely'
 import t from 'tap'
-import { loadFixture, loadFixtureFile, parseFixture, type Fixture } from '../db/fixtures.js'
+import { FixtureSchema, loadFixture, loadFixtureFile, parseFixture, TABLES, type Fixture, type FixtureRows } from '../db/fixtures.js'
+import type { Database } from '../db/schema.js'
 import { seed } from '../db/seed.js'
 import { build } from './helpers/app.js'
 import { testDatabaseUrl } from './helpers/database.js'
@@ -106,4 +108,22 @@ t.test('npm run seed: the command line reports, and refuses bad fixtures with ex
   const usage = await runSeed([], { DATABASE_URL: url })
   t.equal(usage.code, 2)
   t.match(usage.stderr, /usage: /)
+})
+
+/** Whether two unions of column names are the same set. */
+type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false
+/** true when every table's columns in db/schema.ts are those of its fixture row schema (else boolean): checked by the type check. */
+type ColumnsAgree = { [T in keyof Database]: Same<keyof Database[T], keyof FixtureRows[T]> }[keyof Database]
+const schemaTypesAgree: Same<ColumnsAgree, true> = true
+
+t.test('the fixture row schemas have exactly the migrated tables\' columns (and db/schema.ts the same, by the type check)', async (t) => {
+  t.ok(schemaTypesAgree)
+  const db = await writer()
+  for (const table of TABLES) {
+    const { rows } = await sql<{ column_name: string }>`
+      select column_name from information_schema.columns
+      where table_schema = current_schema() and table_name = ${table} order by column_name`.execute(db)
+    const items = (FixtureSchema.properties[table] as unknown as { items: { properties: Record<string, unknown> } }).items
+    t.same(Object.keys(items.properties).sort(), rows.map((row) => row.column_name), table)
+  }
 })

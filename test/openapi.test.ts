@@ -83,6 +83,8 @@ t.test('the event stream is documented as text/event-stream with its parameters'
   for (const parameter of ['query:after_event_id', 'query:run_id', 'query:thread_id', 'header:last-event-id']) t.ok(parameters.includes(parameter), parameter)
   t.ok(doc.paths['/api/events']?.get, 'the JSON page too')
   t.ok(stream!.responses['410'] && doc.paths['/api/events']!.get!.responses['410'], 'both document 410 cursor_expired')
+  t.notOk(stream!.responses['503'], 'the stream never answers 503 (a transient refusal is a retry)')
+  t.ok(doc.paths['/api/events']!.get!.responses['503'], 'the JSON page does')
 })
 
 t.test('real responses validate against the document\'s own schemas', async (t) => {

@@ -1,7 +1,8 @@
 import { connect } from 'node:net'
 import { brotliDecompressSync, gunzipSync } from 'node:zlib'
 import t from 'tap'
-import { build } from './helpers/app.js'
+import { buildApp } from '../app.js'
+import { build, testConfig } from './helpers/app.js'
 import { insertGraph, lockTable, makeRun, makeTask } from './helpers/fixtures.js'
 import { openStream } from './helpers/sse.js'
 
@@ -202,6 +203,31 @@ t.test('load shedding: a saturated event loop answers 503 at once; liveness stil
   t.same(shed.json(), { error: { code: 'unavailable', message: 'the service is overloaded, try again shortly' } })
   t.equal(shed.headers['retry-after'], '2')
   t.equal((await app.inject('/health')).statusCode, 200, '/health is never shed')
+})
+
+t.test('load shedding: a slow start is not load (the first requests after it are served)', async (t) => {
+  const app = await buildApp(await testConfig({ MAX_EVENT_LOOP_DELAY_MS: 20 }))
+  t.teardown(() => app.close())
+  // A start that compiles for a second, as on a busy machine: a plugin loaded
+  // after under-pressure's, so that its sampler records the block.
+  await app.register(async () => {
+    const until = Date.now() + 1000
+    while (Date.now() < until) { /* compiling */ }
+  })
+  await app.ready()
+  // Through the samples that record the start: requests are served while the
+  // measured delay is still the start's.
+  const statuses = new Set<number>()
+  let servedUnderStartDelay = false
+  for (let tries = 0; tries < 20; tries++) {
+    const delayed = app.memoryUsage().eventLoopDelay > 20
+    const { statusCode } = await app.inject('/api/runs')
+    statuses.add(statusCode)
+    servedUnderStartDelay ||= delayed && statusCode === 200
+    await new Promise((resolve) => setTimeout(resolve, 20))
+  }
+  t.same([...statuses], [200])
+  t.ok(servedUnderStartDelay, 'served while the sampled delay was the start\'s')
 })
 
 t.test('shutdown: streams end, in-flight requests finish, late requests get the envelope', async (t) => {

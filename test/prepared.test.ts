@@ -1,7 +1,7 @@
 import { sql } from 'kysely'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { builder, queryRow, Statement } from '../db/queries.js'
+import { builder, queryRow, Statement } from '../db/statement.js'
 import { testDatabaseUrl } from './helpers/database.js'
 
 // The reads run as prepared statements named after their text (db/queries.ts).

@@ -1,26 +1,16 @@
-import pg from 'pg'
 import t from 'tap'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
 import { migrateToLatest } from '../db/migrate.js'
 import { withDatabase } from './helpers/database.js'
 import { openStream } from './helpers/sse.js'
-import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
+import { queryOn as query, startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
 import { waitUntil } from './helpers/wait.js'
 
 // EVENTS_RETENTION with the reads on a hot standby (CONTRACT sections 6 and
 // 8): the keeper works on the primary, the drops and the floor replicate in
 // one transaction, and the standby's reads answer 410 below the floor.
 
-async function query (url: string, text: string, values: unknown[] = []): Promise<pg.QueryResultRow[]> {
-  const client = new pg.Client({ connectionString: url })
-  await client.connect()
-  try {
-    return (await client.query(text, values)).rows
-  } finally {
-    await client.end()
-  }
-}
 
 t.test('retention with the reads on a hot standby', { skip: standbySkipReason() }, async (t) => {
   const pg15 = await startReplicatedPostgres(t)

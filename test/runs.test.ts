@@ -73,6 +73,30 @@ t.test('listRuns pages with limit and cursor, the next page in a Link header', a
   t.notOk(exact.headers.link, 'no Link when the page holds the last item')
 })
 
+t.test('listRuns ?status=S and ?status=a,b: only runs in those statuses; paging keeps the filter in the Link', async (t) => {
+  const app = await build(t)
+  const ids = (res: { json: () => { runs: Array<{ run: { run_id: string } }> } }) => res.json().runs.map((item) => item.run.run_id)
+  t.same(ids(await app.inject('/api/runs?status=done')), ['run-b'])
+  t.same(ids(await app.inject('/api/runs?status=done,running')), ['run-b', 'run-empty', 'run-a'], 'any of several, newest first')
+  t.same(ids(await app.inject('/api/runs?status=done,,done,')), ['run-b'], 'empty items and repeats count once')
+  t.same(ids(await app.inject('/api/runs?status=no-such-status')), [])
+  t.same(ids(await app.inject(`/api/runs?status=${encodeURIComponent('done; drop table runs')}`)), [], 'matched exactly, as text')
+
+  const first = await app.inject('/api/runs?status=done,running,failed&limit=2')
+  t.same(ids(first), ['run-c', 'run-b'])
+  const next = /^<([^>]+)>; rel="next"$/.exec(first.headers.link as string)?.[1]
+  t.match(next, /^\/api\/runs\?status=done%2Crunning%2Cfailed&limit=2&cursor=[A-Za-z0-9_-]+$/, 'the next page keeps the filter')
+  const second = await app.inject(next!)
+  t.same(ids(second), ['run-empty', 'run-a'])
+  t.notOk(second.headers.link, 'the last page')
+
+  for (const query of ['status=', 'status=,', 'status=%00']) {
+    const res = await app.inject(`/api/runs?${query}`)
+    t.equal(res.statusCode, 400, query)
+    t.equal(res.json().error.code, 'bad_request')
+  }
+})
+
 t.test('listRuns default page bound comes from RUN_LIST_DEFAULT_LIMIT', async (t) => {
   const app = await build(t, { RUN_LIST_DEFAULT_LIMIT: 2 })
   const res = await app.inject('/api/runs')

@@ -1,14 +1,11 @@
-import { spawn, type ChildProcess } from 'node:child_process'
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, chmodSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { dirname, join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { EventSource } from 'eventsource'
 import pg from 'pg'
 import t from 'tap'
 import { testDatabaseUrl } from './helpers/database.js'
+import { answers, startNginx } from './helpers/nginx.js'
+import { startReplicas } from './helpers/replicas.js'
 import { insertEvents } from './helpers/sse.js'
-import { freePort, sleep, waitUntil } from './helpers/wait.js'
+import { sleep, waitUntil } from './helpers/wait.js'
 
 // Three replicas behind Debian's nginx, with the config shipped in
 // deploy/nginx: one replica is killed while clients stream through the
@@ -16,62 +13,14 @@ import { freePort, sleep, waitUntil } from './helpers/wait.js'
 // Last-Event-ID, and receive every event exactly once, while writers commit
 // out of order, some roll back, and some stay open for a second.
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..')
-const NGINX = process.env.NGINX_BIN ?? '/usr/sbin/nginx'
 const REPLICAS = 3
 const CLIENTS = 6
 
-const answers = async (url: string) => {
-  try { return (await fetch(url)).ok } catch { return false }
-}
-
 t.test('a replica dies under streaming clients: every event arrives once, in order', async (t) => {
-  if (!existsSync(NGINX)) throw new Error(`nginx not found at ${NGINX}: apt-get install nginx-light (or set NGINX_BIN)`)
   const databaseUrl = await testDatabaseUrl()
 
-  // The replicas: the service as it runs in production, one process each.
-  const replicas: Array<{ port: number, process: ChildProcess }> = []
-  for (let i = 0; i < REPLICAS; i++) {
-    const port = await freePort()
-    const child = spawn(process.execPath, [...process.execArgv, join(root, 'server.ts')], {
-      cwd: root,
-      env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', EVENTS_POLL_INTERVAL_MS: '50', SSE_RETRY_MS: '200' },
-      stdio: ['ignore', 'ignore', 'inherit']
-    })
-    replicas.push({ port, process: child })
-  }
-  t.teardown(() => { for (const replica of replicas) replica.process.kill('SIGKILL') })
-  await waitUntil(async () => (await Promise.all(replicas.map((replica) => answers(`http://127.0.0.1:${replica.port}/ready`)))).every(Boolean), 'the replicas', 30_000)
-
-  // nginx, with the shipped config, in a directory of its own.
-  const dir = mkdtempSync(join(tmpdir(), 'ocp-nginx-'))
-  chmodSync(dir, 0o777) // workers run as an unprivileged user when nginx starts as root
-  for (const temp of ['client_body', 'proxy', 'fastcgi', 'uwsgi', 'scgi']) mkdirSync(join(dir, temp), { mode: 0o777 })
-  const lbPort = await freePort()
-  const site = readFileSync(join(root, 'deploy/nginx/ocp-api.conf.template'), 'utf8')
-    .replace('${OCP_API_UPSTREAMS}', replicas.map((replica) => `server 127.0.0.1:${replica.port};`).join(' '))
-    .replace('${OCP_LB_PORT}', `127.0.0.1:${lbPort}`)
-  writeFileSync(join(dir, 'ocp-api.conf'), site)
-  writeFileSync(join(dir, 'nginx.conf'), `
-worker_processes 1;
-daemon off;
-pid ${dir}/nginx.pid;
-error_log ${dir}/error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path ${dir}/client_body;
-  proxy_temp_path ${dir}/proxy;
-  fastcgi_temp_path ${dir}/fastcgi;
-  uwsgi_temp_path ${dir}/uwsgi;
-  scgi_temp_path ${dir}/scgi;
-  include ${dir}/ocp-api.conf;
-}
-`)
-  const nginx = spawn(NGINX, ['-p', dir, '-c', join(dir, 'nginx.conf')], { stdio: ['ignore', 'ignore', 'inherit'] })
-  t.teardown(() => { nginx.kill('SIGTERM'); rmSync(dir, { recursive: true, force: true }) })
-  const lb = `http://127.0.0.1:${lbPort}`
-  await waitUntil(() => answers(`${lb}/health`), 'nginx', 30_000)
+  const replicas = await startReplicas(t, databaseUrl, REPLICAS)
+  const lb = await startNginx(t, replicas.map((replica) => replica.port))
 
   // Clients stream through the proxy: half unfiltered, half for one run.
   const [base] = await insertEvents({ event_type: 'base' })

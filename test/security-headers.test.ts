@@ -1,4 +1,4 @@
-import helmet from '@fastify/helmet'
+import helmet, { type FastifyHelmetOptions } from '@fastify/helmet'
 import Fastify from 'fastify'
 import t from 'tap'
 import { helmetOptions, securityHeaders } from '../plugins/external/helmet.js'
@@ -9,7 +9,8 @@ import { build } from './helpers/app.js'
 t.test('the security headers are exactly those @fastify/helmet sets with the same options', async (t) => {
   const reference = Fastify()
   t.teardown(() => reference.close())
-  await reference.register(helmet, helmetOptions)
+  // The same options: TypeScript sees helmet's ESM declarations here and its CommonJS ones through @fastify/helmet, as two types.
+  await reference.register(helmet, helmetOptions as unknown as FastifyHelmetOptions)
   reference.get('/', async () => 'ok')
   const fastifysOwn = new Set(['content-type', 'content-length', 'date', 'connection', 'keep-alive'])
   const expected = Object.fromEntries(Object.entries((await reference.inject('/')).headers).filter(([name]) => !fastifysOwn.has(name)))

@@ -1,6 +1,7 @@
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { Kysely, Migrator, PostgresDialect, sql } from 'kysely'
+import { Kysely, PostgresDialect, sql } from 'kysely'
+import { Migrator } from 'kysely/migration'
 import { migrateToLatest } from '../db/migrate.js'
 import { migrations } from '../db/migrations/index.js'
 import { serverDatabaseUrl, withDatabase } from './helpers/database.js'

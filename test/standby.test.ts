@@ -12,7 +12,7 @@ import { withDatabase } from './helpers/database.js'
 import { makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
 import { runScript, type Outcome } from './helpers/run.js'
 import { openStream } from './helpers/sse.js'
-import { startReplicatedPostgres, standbySkipReason, type ReplicatedPostgres } from './helpers/standby.js'
+import { queryOn as query, startReplicatedPostgres, standbySkipReason, type ReplicatedPostgres } from './helpers/standby.js'
 
 // The service on a hot standby (CONTRACT section 8), on a primary and a
 // streaming standby of the test's own. The service reads as a read-only
@@ -40,16 +40,6 @@ async function serve (env: Record<string, string>, use?: (base: string) => Promi
   return outcome
 }
 
-/** One statement on `url`, over a connection of its own. */
-async function query (url: string, text: string, values: unknown[] = []): Promise<pg.QueryResultRow[]> {
-  const client = new pg.Client({ connectionString: url })
-  await client.connect()
-  try {
-    return (await client.query(text, values)).rows
-  } finally {
-    await client.end()
-  }
-}
 
 /** A read-write Kysely over `url`, as an orchestrator writes (on the primary). */
 function writerOn (t: Test, url: string): Kysely<Database> {

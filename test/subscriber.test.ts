@@ -11,7 +11,14 @@ class FakeResponse {
   writableEnded = false
   destroyed = false
   listeners = new Map<string, Set<() => void>>()
-  write (text: string) { this.written.push(text); return true }
+  /** The callbacks of writes not yet gone to the kernel. */
+  unflushed: Array<() => void> = []
+  write (text: string, flushed: () => void) { this.written.push(text); this.unflushed.push(flushed); return true }
+  /** The kernel takes the oldest write queued, `bytes` long: its callback runs. */
+  flushOne (bytes: number) {
+    this.writableLength -= bytes
+    this.unflushed.shift()!()
+  }
   end () { this.writableEnded = true; this.emit('close') }
   destroy () { this.destroyed = true; this.emit('close') }
   on (name: string, listener: () => void) { (this.listeners.get(name) ?? this.listeners.set(name, new Set()).get(name)!).add(listener) }
@@ -93,8 +100,10 @@ t.test('a live client over the bound falls behind, then catches up from the tabl
   instance.offer(event(4))
   t.notOk(instance.isLive, 'no longer live: nothing more is written')
   table.push(event(4), event(5))
-  response.writableLength = 0
-  response.emit('drain')
+  // No 'drain': the socket's high-water mark (64 KiB since Node 22) may lie above the bound.
+  response.flushOne(100)
+  t.notOk(instance.isLive, 'still over the bound')
+  response.flushOne(4000)
   await new Promise((resolve) => setTimeout(resolve, 10))
   t.ok(instance.isLive)
   t.same(ids(response), [1, 2, 3, 4, 5])

@@ -1,11 +1,8 @@
-import { existsSync, mkdirSync } from 'node:fs'
-import { dirname, join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import type { FastifyInstance } from 'fastify'
 import { sql } from 'kysely'
-import { chromium, type Browser, type Page } from 'playwright-core'
 import t, { type Test } from 'tap'
 import { build } from './helpers/app.js'
+import { openPage, screenshot } from './helpers/browser.js'
 import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
 import { insertEvents } from './helpers/sse.js'
 
@@ -13,9 +10,6 @@ import { insertEvents } from './helpers/sse.js'
 // pages render, reflect committed changes live, and recover from a restart.
 // Screenshots of each page land in artifacts/ui/ (not committed).
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..')
-const CHROMIUM = process.env.CHROMIUM_BIN ?? '/usr/bin/chromium'
-const screenshots = join(root, 'artifacts', 'ui')
 const LIVE_WITHIN_MS = 2000
 
 t.before(() => insertGraph({
@@ -36,31 +30,6 @@ async function serve (t: Test, port = 0): Promise<{ app: FastifyInstance, url: s
   await app.listen({ port, host: '127.0.0.1' })
   const address = app.server.address() as { port: number }
   return { app, url: `http://127.0.0.1:${address.port}`, port: address.port }
-}
-
-let browser: Browser | undefined
-async function openPage (t: Test, url: string): Promise<Page> {
-  if (!existsSync(CHROMIUM)) throw new Error(`chromium not found at ${CHROMIUM}: apt-get install chromium (or set CHROMIUM_BIN)`)
-  browser ??= await chromium.launch({
-    executablePath: CHROMIUM,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run', '--disable-sync']
-  })
-  const page = await browser.newPage({ viewport: { width: 1100, height: 900 } })
-  const errors: string[] = []
-  page.on('pageerror', (error) => errors.push(error.message))
-  t.teardown(async () => {
-    await page.close()
-    if (errors.length > 0) throw new Error(`script errors on the page: ${errors.join('; ')}`)
-  })
-  await page.goto(url)
-  await page.locator('.live.is-live').waitFor({ timeout: 5000 })
-  return page
-}
-t.teardown(async () => { await browser?.close() })
-
-async function screenshot (page: Page, name: string) {
-  mkdirSync(screenshots, { recursive: true })
-  await page.screenshot({ path: join(screenshots, `${name}.png`), fullPage: true })
 }
 
 /** Commits a change and its event in one transaction, as an orchestrator does. */
@@ -107,6 +76,23 @@ t.test('the run detail reflects a committed status change within 2 s, without re
   t.ok(Date.now() - started <= LIVE_WITHIN_MS, `shown after ${Date.now() - started} ms`)
   t.match(await page.locator('.legend').first().textContent(), /2 done/)
   t.same(navigations, [], 'no reload')
+})
+
+t.test('a refetch revalidates: the browser sends its ETag, and an unchanged run detail comes back 304', async (t) => {
+  const { app, url } = await serve(t)
+  const page = await openPage(t, `${url}/#/runs/run-ui`)
+  await page.locator('h1', { hasText: 'Migrate billing to the new ledger' }).waitFor()
+  const notModified = async () => {
+    const text = await app.metrics.getSingleMetricAsString('http_requests_total')
+    return /route="\/api\/runs\/:runID",status_code="304"\} (\d+)/.exec(text)?.[1] ?? '0'
+  }
+  t.equal(await notModified(), '0')
+  // An event of the run that changes nothing it shows: the page refetches, and the body is the same.
+  await insertEvents({ event_type: 'noted', run_id: 'run-ui' })
+  const deadline = Date.now() + 5000
+  while (await notModified() === '0' && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50))
+  t.ok(Number(await notModified()) >= 1, 'the refetch was answered 304')
+  t.equal(await page.locator('h1').first().textContent(), 'Migrate billing to the new ledger', 'and the page still shows the run')
 })
 
 t.test('the thread timeline shows a new message within 2 s', async (t) => {
@@ -174,8 +160,28 @@ t.test('the UI files are served with their types; / is the page', async (t) => {
   const index = await app.inject('/')
   t.equal(index.statusCode, 200)
   t.match(index.headers['content-type'], /^text\/html/)
-  t.match(index.body, /<script type="module" src="\/ui\/app.js">/)
-  t.match((await app.inject('/ui/app.js')).headers['content-type'], /^text\/javascript/)
+  t.match(index.body, /<script type="module" src="\/ui\/build\/ui\/app.js">/)
+  t.match((await app.inject('/ui/build/ui/app.js')).headers['content-type'], /^text\/javascript/)
+  t.match((await app.inject('/ui/build/client/src/index.js')).headers['content-type'], /^text\/javascript/, 'and the client it imports')
+  for (const path of ['/ui/build/../../package.json', '/ui/build/client/src/nope.ts', '/ui/build/secret/x.js']) {
+    t.equal((await app.inject(path)).statusCode, 404, path)
+  }
+  t.equal((await app.inject('/ui/build/client/src/missing.js')).statusCode, 404, 'a module not built')
   t.match((await app.inject('/ui/style.css')).headers['content-type'], /^text\/css/)
   t.ok((await app.inject('/')).headers['content-security-policy'], 'with a content security policy')
+})
+
+t.test('the UI files carry a tag: a reload revalidates each with a 304 instead of fetching it again', async (t) => {
+  const { app } = await serve(t)
+  for (const path of ['/', '/ui/style.css', '/ui/build/ui/app.js', '/ui/build/client/src/client.js']) {
+    const first = await app.inject(path)
+    t.equal(first.headers['cache-control'], 'no-cache', `${path}: kept, and revalidated before each use`)
+    t.match(first.headers.etag, /^"[A-Za-z0-9_-]{22}"$/)
+    const again = await app.inject({ url: path, headers: { 'if-none-match': first.headers.etag as string } })
+    t.equal(again.statusCode, 304, `${path}: 304 while unchanged`)
+    t.equal(again.body, '')
+    t.equal((await app.inject({ url: path, headers: { 'if-none-match': '"another"' } })).statusCode, 200, `${path}: 200 for another tag`)
+  }
+  t.match((await app.inject('/')).body, /<link rel="preload" href="\/api\/runs\?limit=50" as="fetch" crossorigin>/,
+    'the page preloads the runs list\'s first page with its modules')
 })

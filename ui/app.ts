@@ -1,25 +1,13 @@
 /*
- * The reference client of the API: a runs list, a run detail and a thread
- * timeline, kept live by the event stream. It never patches data from
- * events (no local reducers): an event only says "something changed", and
- * the page refetches what it shows. It subscribes from the X-Event-Cursor
- * of the fetch it rendered, so nothing between fetch and subscribe is lost;
- * when the service refuses that cursor (410 cursor_expired: older than the
- * history kept), it fetches and subscribes again.
+ * The reference client of the API, on ocp-api-client: a runs list (status
+ * filter, paging), a run detail, a thread timeline and the latest activity,
+ * each kept live by the client's list-then-watch (it refetches what it shows
+ * on events and starts over by itself on 410 cursor_expired). This file only
+ * draws.
  */
+import { createClient, CursorExpired, type Artifact, type Event, type Live, type RunDetailEnvelope, type RunList, type StreamStatus, type ThreadDetailEnvelope } from '../client/src/index.js'
 
-// ---- API types (the parts the pages show) -------------------------------
-
-interface Run { run_id: string, goal: string, summary: string, status: string, created_at: string, updated_at: string }
-interface RunListItem { run: Run, task_counts: Record<string, number>, total_tasks: number }
-interface Task { run_id: string, task_id: string, title: string, summary: string, status: string, default_to?: string, priority: string, latest_attempt_no?: number, created_at: string, updated_at: string }
-interface Attempt { attempt_no: number, assigned_to: string, thread_id: string, status: string, branch_name?: string }
-interface Artifact { artifact_id: string, path: string, kind: string, metadata_json: unknown }
-interface Message { message_id: string, from_agent: string, to_agent: string, kind: string, summary: string, body: string, payload_json: unknown, created_at: string, artifacts?: Artifact[] }
-interface BlockedTask { task: Task, attempt: Attempt, question: Message }
-interface RunDetail extends RunListItem { tasks: Task[], blocked_tasks: BlockedTask[] }
-interface Thread { thread_id: string, run_id: string, task_id: string, subject: string, created_by: string, assigned_to: string, status: string, priority: string, created_at: string }
-interface ThreadDetail { thread: Thread, messages: Message[] }
+const client = createClient({ url: location.origin })
 
 // ---- DOM helpers: text only, never HTML from data ---------------------------
 
@@ -72,10 +60,41 @@ function artifactList (artifacts: Artifact[] | undefined): HTMLElement | null {
 
 // ---- pages ---------------------------------------------------------------
 
-function renderRuns (data: { runs: RunListItem[] }): HTMLElement {
-  if (data.runs.length === 0) return h('div', {}, h('h1', {}, 'Runs'), h('p', { class: 'empty' }, 'No runs yet.'))
+/** The run list's address: `#/?status=a,b&cursor=K`, K the page key (the API's `cursor` parameter); the first page without one. */
+interface RunsView { status: string, pageKey?: string }
+const RUNS_PAGE_SIZE = 50 // ui/index.html preloads the first page at this size: change both together
+function runsHref (view: RunsView): string {
+  const query = new URLSearchParams()
+  if (view.status !== '') query.set('status', view.status)
+  if (view.pageKey !== undefined) query.set('cursor', view.pageKey)
+  const text = query.toString()
+  return text === '' ? '#/' : `#/?${text}`
+}
+
+function statusFilter (view: RunsView, seen: string[]): HTMLElement {
+  const input = h('input', { name: 'status', value: view.status, placeholder: 'e.g. running,blocked', 'aria-describedby': 'status-hint' }) as HTMLInputElement
+  const form = h('form', { class: 'filter', role: 'search' },
+    h('label', {}, 'Status ', input), ' ', h('button', { type: 'submit' }, 'Filter'),
+    view.status === '' ? null : h('a', { href: runsHref({ status: '' }), class: 'clear' }, 'all runs'),
+    h('p', { id: 'status-hint', class: 'legend' }, 'One status or several, separated by commas. On this page: ',
+      ...seen.flatMap((status, i) => [i > 0 ? ', ' : '', h('a', { href: runsHref({ status }) }, status)])))
+  form.addEventListener('submit', (event) => {
+    event.preventDefault()
+    location.hash = runsHref({ status: input.value.split(',').map((item) => item.trim()).filter(Boolean).join(',') })
+  })
+  return form
+}
+
+function renderRuns (view: RunsView, data: RunList, next: string | undefined): HTMLElement {
+  const seen = [...new Set(data.runs.map((item) => item.run.status))].sort()
+  const paging = h('nav', { class: 'paging', 'aria-label': 'Pages' },
+    view.pageKey === undefined ? null : h('a', { href: runsHref({ status: view.status }), rel: 'first' }, '« Newest'),
+    next === undefined ? null : h('a', { href: runsHref({ status: view.status, pageKey: next }), rel: 'next' }, 'Older runs »'))
+  const title = h('h1', {}, view.status === '' ? 'Runs' : `Runs: ${view.status.split(',').join(', ')}`)
+  if (data.runs.length === 0) return h('div', {}, title, statusFilter(view, seen), h('p', { class: 'empty' }, view.status === '' ? 'No runs yet.' : 'No runs in this status.'), paging)
   return h('div', {},
-    h('h1', {}, 'Runs'),
+    title,
+    statusFilter(view, seen),
     h('table', {},
       h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Run'), h('th', { scope: 'col' }, 'Status'), h('th', { scope: 'col' }, 'Tasks'),
         h('th', { scope: 'col', class: 'hide-narrow' }, 'Total'), h('th', { scope: 'col', class: 'hide-narrow' }, 'Started'))),
@@ -85,10 +104,11 @@ function renderRuns (data: { runs: RunListItem[] }): HTMLElement {
         h('td', {}, countsBar(item.task_counts, item.total_tasks)),
         h('td', { class: 'hide-narrow' }, item.total_tasks),
         h('td', { class: 'hide-narrow' }, time(item.run.created_at))
-      )))))
+      )))),
+    paging)
 }
 
-function renderRun (data: { run: RunDetail }): HTMLElement {
+function renderRun (data: RunDetailEnvelope): HTMLElement {
   const { run, task_counts: counts, total_tasks: total, tasks, blocked_tasks: blocked } = data.run
   return h('div', {},
     h('p', { class: 'crumbs' }, h('a', { href: '#/' }, '← All runs')),
@@ -123,7 +143,7 @@ function renderRun (data: { run: RunDetail }): HTMLElement {
           h('td', {}, time(task.updated_at)))))))
 }
 
-function renderThread (data: { thread: ThreadDetail }): HTMLElement {
+function renderThread (data: ThreadDetailEnvelope): HTMLElement {
   const { thread, messages } = data.thread
   return h('div', {},
     h('p', { class: 'crumbs' }, h('a', { href: runHref(thread.run_id) }, `← Run ${thread.run_id}`)),
@@ -140,125 +160,102 @@ function renderThread (data: { thread: ThreadDetail }): HTMLElement {
         artifactList(message.artifacts)))))
 }
 
-// ---- live data: fetch, render, subscribe, refetch on events ----------------
+// ---- the activity page: the latest events across all runs, live ----------
 
-const live = document.getElementById('live')!
-function showLive (state: 'connecting' | 'live' | 'down', text: string) {
-  live.textContent = text
-  live.className = `live${state === 'live' ? ' is-live' : state === 'down' ? ' is-down' : ''}`
+const ACTIVITY_SIZE = 100
+
+function eventItem (event: Event): HTMLElement {
+  const target = event.thread_id !== '' ? h('a', { href: threadHref(event.thread_id) }, `thread ${event.thread_id}`)
+    : event.run_id !== '' ? h('a', { href: runHref(event.run_id) }, `run ${event.run_id}`) : null
+  return h('li', { 'data-event': String(event.event_id) },
+    h('span', { class: 'id' }, `#${event.event_id}`), ' ', h('strong', {}, event.event_type), ' ',
+    target, event.thread_id !== '' && event.run_id !== '' ? h('span', { class: 'meta' }, ' in ', h('a', { href: runHref(event.run_id) }, `run ${event.run_id}`)) : null,
+    event.summary === '' ? null : h('span', {}, ` · ${event.summary}`), ' ', time(event.created_at))
 }
 
-interface Page { title: string, dataUrl: string, stream: string, render: (data: never) => HTMLElement }
-
-/** The least time between two starts of a page (fetch, then subscribe) after its stream was refused. */
-const RESTART_MS = 2000
-
-/** Shows a page and keeps it current until stop() is called. */
-function mount (page: Page): () => void {
-  const main = document.getElementById('app')!
-  let source: EventSource | undefined
-  let refetchTimer: ReturnType<typeof setTimeout> | undefined
-  let retryTimer: ReturnType<typeof setTimeout> | undefined
-  let stopped = false
-  let loading: Promise<string | undefined> | undefined
-  let startedAt = 0
-
-  /** Fetches and renders; returns the X-Event-Cursor the body was read at. */
-  async function load (): Promise<string | undefined> {
-    const response = await fetch(page.dataUrl, { headers: { accept: 'application/json' } })
-    const body = await response.json() as { error?: { message: string } }
-    if (stopped) return undefined
-    if (!response.ok) {
-      main.replaceChildren(h('p', { class: 'crumbs' }, h('a', { href: '#/' }, '← All runs')), h('h1', {}, page.title), h('p', { class: 'error' }, body.error?.message ?? `Error ${response.status}`))
-      return response.status === 404 ? response.headers.get('x-event-cursor') ?? '0' : undefined
-    }
-    main.replaceChildren(page.render(body as never))
-    showLive(source?.readyState === EventSource.OPEN ? 'live' : 'connecting', source?.readyState === EventSource.OPEN ? `Live · updated ${new Date().toLocaleTimeString()}` : 'Connecting…')
-    return response.headers.get('x-event-cursor') ?? undefined
+/** The latest events (newest first), then each new one as it commits; on 410, starts over. */
+function mountActivity (main: HTMLElement, onStatus: (status: StreamStatus) => void): Live {
+  const controller = new AbortController()
+  const { signal } = controller
+  const list = h('ol', { class: 'activity', reversed: '' })
+  main.replaceChildren(h('div', {}, h('h1', {}, 'Activity'), h('p', { class: 'meta' }, `The latest ${ACTIVITY_SIZE} events across all runs, newest first, live.`), list))
+  const show = (events: Event[]) => {
+    for (const event of events) list.prepend(eventItem(event))
+    while (list.childElementCount > ACTIVITY_SIZE) list.lastElementChild!.remove()
   }
-
-  /** Coalesces bursts of events into one refetch. */
-  function refetchSoon () {
-    clearTimeout(refetchTimer)
-    refetchTimer = setTimeout(() => { void refresh() }, 100)
-  }
-  async function refresh () {
-    loading ??= load().finally(() => { loading = undefined })
-    try { await loading } catch { showLive('down', 'Offline · retrying…') }
-  }
-
-  function subscribe (cursor: string) {
-    const separator = page.stream.includes('?') ? '&' : '?'
-    source = new EventSource(`${page.stream}${separator}after_event_id=${encodeURIComponent(cursor)}`)
-    let dropped = false
-    source.onopen = () => {
-      showLive('live', `Live · updated ${new Date().toLocaleTimeString()}`)
-      if (dropped) refetchSoon() // back after a drop: catch up on anything the stream cannot say
-      dropped = false
-    }
-    source.onmessage = () => refetchSoon()
-    source.onerror = () => {
-      dropped = true
-      if (source?.readyState === EventSource.CLOSED) {
-        // The browser gave up for good: the service answered something else
-        // than a stream. Most often 410 cursor_expired: the history kept
-        // (EVENTS_RETENTION) has moved past this page's cursor while it was
-        // away. Start over: refetch what the page shows and subscribe from
-        // that read's X-Event-Cursor. At once, unless the last start was
-        // moments ago (then in 2 s, so that a refusal that persists, a 401
-        // say, does not loop).
-        showLive('connecting', 'Catching up…')
-        clearTimeout(retryTimer)
-        retryTimer = setTimeout(() => { void start() }, Date.now() - startedAt < RESTART_MS ? RESTART_MS : 0)
-      } else {
-        showLive('connecting', 'Reconnecting…')
+  async function start (): Promise<void> {
+    while (!signal.aborted) {
+      try {
+        // The position now (any read carries it), then the events just before it.
+        const now = (await client.runsRead({ limit: 1 }, signal)).eventCursor ?? 0
+        const recent = await client.eventsRead({ after_event_id: Math.max(0, now - ACTIVITY_SIZE), limit: ACTIVITY_SIZE }, signal)
+          .catch((error: unknown) => { if (error instanceof CursorExpired) return client.eventsRead({ limit: ACTIVITY_SIZE }, signal); throw error })
+        list.replaceChildren()
+        show(recent.body.events)
+        const after = recent.body.events.at(-1)?.event_id ?? now
+        for await (const event of client.watch({}, { after: Math.max(after, recent.eventCursor ?? 0), signal, onStatus })) show([event])
+      } catch (error) {
+        if (signal.aborted) return
+        if (!(error instanceof CursorExpired)) {
+          main.querySelector('.error')?.remove()
+          main.append(h('p', { class: 'error' }, (error as Error).message))
+          await new Promise((resolve) => setTimeout(resolve, 2000))
+        }
       }
     }
   }
-
-  async function start () {
-    startedAt = Date.now()
-    source?.close()
-    try {
-      const cursor = await load()
-      if (!stopped && cursor !== undefined) subscribe(cursor)
-      else if (!stopped) retryTimer = setTimeout(() => { void start() }, RESTART_MS)
-    } catch {
-      if (stopped) return
-      showLive('down', 'Offline · retrying…')
-      retryTimer = setTimeout(() => { void start() }, RESTART_MS)
-    }
-  }
-
-  document.title = `${page.title} · Control plane`
-  showLive('connecting', 'Connecting…')
   void start()
-  return () => {
-    stopped = true
-    source?.close()
-    clearTimeout(refetchTimer)
-    clearTimeout(retryTimer)
-  }
+  return { close: () => controller.abort() }
 }
 
-// ---- routing: the address is the page (#/, #/runs/<id>, #/threads/<id>) ----
+// ---- routing: the address is the page --------------------------------------
 
-function pageFor (hash: string): Page {
+const live = document.getElementById('live')!
+function showLive (status: StreamStatus | { state: 'down', text: string }) {
+  const text = status.state === 'live' ? `Live · updated ${new Date().toLocaleTimeString()}`
+    : status.state === 'connecting' ? 'Connecting…'
+      : status.state === 'down' ? status.text
+        : status.error === undefined ? 'Reconnecting…' : `Offline · retrying… (${status.error.detail})`
+  live.textContent = text
+  live.className = `live${status.state === 'live' ? ' is-live' : status.state === 'retrying' || status.state === 'down' ? ' is-down' : ''}`
+}
+
+/** Shows the page of `hash` and keeps it current; returns how to stop. */
+function mount (hash: string): Live {
+  const main = document.getElementById('app')!
+  const onStatus = (status: StreamStatus) => showLive(status)
+  const onError = (error: { detail: string }) => {
+    main.replaceChildren(h('p', { class: 'crumbs' }, h('a', { href: '#/' }, '← All runs')), h('h1', {}, document.title.split(' · ')[0]!), h('p', { class: 'error' }, error.detail))
+  }
+  // Each new snapshot is drawn at once; the indicator says when it was read.
+  const drawn = (element: HTMLElement) => {
+    main.replaceChildren(element)
+    if (live.classList.contains('is-live')) showLive({ state: 'live' })
+  }
   const [, kind, rawId] = /^#\/(runs|threads)\/(.+)$/.exec(hash) ?? []
   if (kind !== undefined && rawId !== undefined) {
     const id = decodeURIComponent(rawId)
-    const path = encodeURIComponent(id)
+    document.title = `${kind === 'runs' ? 'Run' : 'Thread'} ${id} · Control plane`
     return kind === 'runs'
-      ? { title: `Run ${id}`, dataUrl: `/api/runs/${path}`, stream: `/api/events/stream?run_id=${path}`, render: renderRun }
-      : { title: `Thread ${id}`, dataUrl: `/api/threads/${path}`, stream: `/api/events/stream?thread_id=${path}`, render: renderThread }
+      ? client.liveRun(id, (body) => drawn(renderRun(body)), { onStatus, onError })
+      : client.liveThread(id, (body) => drawn(renderThread(body)), { onStatus, onError })
   }
-  return { title: 'Runs', dataUrl: '/api/runs', stream: '/api/events/stream', render: renderRuns }
+  if (hash === '#/activity') {
+    document.title = 'Activity · Control plane'
+    return mountActivity(main, onStatus)
+  }
+  const params = new URLSearchParams(hash.replace(/^#\/?\??/, ''))
+  const view: RunsView = { status: params.get('status') ?? '', ...(params.get('cursor') ? { pageKey: params.get('cursor')! } : {}) }
+  document.title = 'Runs · Control plane'
+  return client.liveRuns({ status: view.status, limit: RUNS_PAGE_SIZE, ...(view.pageKey === undefined ? {} : { cursor: view.pageKey }) },
+    (body, read) => drawn(renderRuns(view, body, read.next)), { onStatus, onError })
 }
 
-let stopCurrent: (() => void) | undefined
+let current: Live | undefined
 function route () {
-  stopCurrent?.()
-  stopCurrent = mount(pageFor(location.hash))
+  current?.close()
+  showLive({ state: 'connecting' })
+  current = mount(location.hash)
   document.getElementById('app')?.focus({ preventScroll: true })
 }
 window.addEventListener('hashchange', route)

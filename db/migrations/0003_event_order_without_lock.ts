@@ -8,7 +8,7 @@ import * as lockedEventOrder from './0002_event_stream.js'
  * one at a time). Ids are drawn from the sequence as an identity would draw
  * them, so they may commit out of order; a reader moves past an id only
  * once every id below it is settled: committed, or known never to commit.
- * Why each piece is sound is in the README ("How the event order is
+ * Why each piece is sound is in docs/stream.md ("How the event order is
  * settled") and ../shared/EVENT-ORDER.md; in short:
  *
  * - Registration (primary). The column default events_next_id(), before the
@@ -40,20 +40,12 @@ import * as lockedEventOrder from './0002_event_stream.js'
 export const REGISTRATION_NAMESPACE = 935
 const REGISTRATION_KEY_BASE = `(${REGISTRATION_NAMESPACE}::bigint << 52)`
 
-export async function up (db: Kysely<any>): Promise<void> {
-  await sql`alter sequence events_event_id_seq cache 1`.execute(db)
-
-  // One row: the history's floor (retention) and the clock (see above).
-  await sql`
-    create table if not exists event_log_state (
-      singleton boolean primary key default true check (singleton),
-      history_floor bigint not null default 0,
-      clock_value bigint not null default 0,
-      clock_xid xid8 not null default '0',
-      clock_at timestamptz not null default now()
-    )`.execute(db)
-  await sql`insert into event_log_state default values on conflict do nothing`.execute(db)
-
+/**
+ * The writer path: registration, the column default and the trigger for
+ * explicit ids (migration 0005 replaces them with cheaper ones; its down
+ * migration puts these back).
+ */
+export async function createWriterRegistration (db: Kysely<any>): Promise<void> {
   // Registers the transaction as an event writer, once per transaction (a
   // transaction-local setting remembers it; a rolled-back savepoint forgets
   // it together with its lock). Inlined in events_next_id(), the column's
@@ -100,6 +92,23 @@ export async function up (db: Kysely<any>): Promise<void> {
     when (new.event_id > coalesce(pg_sequence_last_value('events_event_id_seq'::regclass), 0))
     execute function events_assign_ordered_id()`.execute(db)
   await sql`alter table events alter column event_id set default events_next_id()`.execute(db)
+}
+
+export async function up (db: Kysely<any>): Promise<void> {
+  await sql`alter sequence events_event_id_seq cache 1`.execute(db)
+
+  // One row: the history's floor (retention) and the clock (see above).
+  await sql`
+    create table if not exists event_log_state (
+      singleton boolean primary key default true check (singleton),
+      history_floor bigint not null default 0,
+      clock_value bigint not null default 0,
+      clock_xid xid8 not null default '0',
+      clock_at timestamptz not null default now()
+    )`.execute(db)
+  await sql`insert into event_log_state default values on conflict do nothing`.execute(db)
+
+  await createWriterRegistration(db)
 
   const legacyLock = lockedEventOrder.EVENTS_WRITE_LOCK
   await sql`

@@ -3,7 +3,7 @@ import { sql, type Kysely } from 'kysely'
 /*
  * The events table becomes partitioned BY RANGE (event_id), so that the
  * history can be bounded by dropping whole partitions (EVENTS_RETENTION,
- * README "Event history (retention)") instead of deleting rows.
+ * docs/operating.md, "Event history (retention)") instead of deleting rows.
  *
  * The existing table is converted without being rewritten: it becomes the
  * first partition, [MINVALUE, B), where B is the sequence's value plus a
@@ -129,6 +129,24 @@ const ORDERED_ID_TRIGGER = sql`
   when (new.event_id > coalesce(pg_sequence_last_value('events_event_id_seq'::regclass), 0))
   execute function events_assign_ordered_id()`
 
+/** events_settled() as this migration defines it: from the clock, the history's floor and `known` (0006 reads the ids ahead by index). */
+export const settledFromFloor = sql`
+    create or replace function events_settled(known bigint) returns bigint
+    language sql stable as $$
+      with start as (
+        select greatest(known,
+          coalesce((select s.clock_value from event_log_state s
+            where s.clock_xid <= pg_snapshot_xmin(pg_current_snapshot())), 0),
+          coalesce((select s.history_floor from event_log_state s), 0)) as p
+      ), ahead as (
+        select a.event_id, row_number() over (order by a.event_id) as n
+        from (select e.event_id from events e, start where e.event_id > start.p order by e.event_id limit 64) a
+      )
+      select greatest(start.p, coalesce(max(ahead.event_id) filter (where ahead.event_id = start.p + ahead.n), 0))
+      from start left join ahead on true
+      group by start.p
+    $$`
+
 export async function up (db: Kysely<any>): Promise<void> {
   let check = await checkedBound(db)
   if (check !== undefined && await highestId(db) >= check.bound) {
@@ -179,22 +197,7 @@ export async function up (db: Kysely<any>): Promise<void> {
   await sql`create table ${sql.id(partitionName(bound))} partition of events for values from (${sql.lit(bound)}) to (${sql.lit(end)})`.execute(db)
   await sql`create table ${sql.id(DEFAULT_PARTITION)} partition of events default`.execute(db)
 
-  await sql`
-    create or replace function events_settled(known bigint) returns bigint
-    language sql stable as $$
-      with start as (
-        select greatest(known,
-          coalesce((select s.clock_value from event_log_state s
-            where s.clock_xid <= pg_snapshot_xmin(pg_current_snapshot())), 0),
-          coalesce((select s.history_floor from event_log_state s), 0)) as p
-      ), ahead as (
-        select a.event_id, row_number() over (order by a.event_id) as n
-        from (select e.event_id from events e, start where e.event_id > start.p order by e.event_id limit 64) a
-      )
-      select greatest(start.p, coalesce(max(ahead.event_id) filter (where ahead.event_id = start.p + ahead.n), 0))
-      from start left join ahead on true
-      group by start.p
-    $$`.execute(db)
+  await settledFromFloor.execute(db)
 }
 
 async function ownerOf (db: Kysely<any>, table: string): Promise<string> {

@@ -1,17 +1,27 @@
-import type { Migration } from 'kysely'
+import type { Migration } from 'kysely/migration'
 import * as controlPlaneSchema from './0001_control_plane_schema.js'
 import * as eventStream from './0002_event_stream.js'
 import * as eventOrderWithoutLock from './0003_event_order_without_lock.js'
 import * as eventsPartitionedById from './0004_events_partitioned_by_id.js'
+import * as eventWritersInlined from './0005_event_writers_inlined.js'
+import * as eventsSettledByIndex from './0006_events_settled_by_index.js'
+import * as runsStatusIndex from './0007_runs_status_index.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
  * rather than read from the folder so that the same list works from the
- * TypeScript sources and from the compiled dist/.
+ * TypeScript sources and from the compiled dist/. A migration is frozen
+ * once it has run anywhere: a later one that redefines a function or
+ * trigger of an earlier one writes its SQL out again rather than importing
+ * it, so that what a migration does never changes after the fact (the
+ * copies among these files are on purpose).
  */
 export const migrations: Record<string, Migration> = {
   '0001_control_plane_schema': controlPlaneSchema,
   '0002_event_stream': eventStream,
   '0003_event_order_without_lock': eventOrderWithoutLock,
-  '0004_events_partitioned_by_id': eventsPartitionedById
+  '0004_events_partitioned_by_id': eventsPartitionedById,
+  '0005_event_writers_inlined': eventWritersInlined,
+  '0006_events_settled_by_index': eventsSettledByIndex,
+  '0007_runs_status_index': runsStatusIndex
 }

@@ -1,15 +1,14 @@
 import fp from 'fastify-plugin'
 import type { FastifyInstance } from 'fastify'
-import type { Kysely } from 'kysely'
 import type pg from 'pg'
 import { startEmbeddedPostgres } from '../../db/embedded.js'
 import { createDb, createReadPool, isHotStandby } from '../../db/pool.js'
-import type { Database } from '../../db/schema.js'
+import type { Db } from '../../db/schema.js'
 
 declare module 'fastify' {
   interface FastifyInstance {
     /** The read-only query builder over the shared Postgres (see db/pool.ts), at `readDatabaseUrl`. */
-    db: Kysely<Database>
+    db: Db
     /** The pool behind `db`, for its gauges. */
     dbPool: pg.Pool
     /** Where migrations go: DATABASE_URL, or the embedded database's loopback URL. */

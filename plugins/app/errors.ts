@@ -1,22 +1,55 @@
+import type { FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
-import { notFound, toApiError } from '../../errors.js'
+import { notFound, toApiError, type ApiError } from '../../errors.js'
+import { NO_STORE } from './http-cache.js'
+
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /**
+     * Whether a request is for an event stream: then a transient refusal is
+     * answered so that an EventSource retries (CONTRACT section 5). A
+     * function, since a Durable Streams read is a stream only with live=sse.
+     */
+    eventStream?: (request: FastifyRequest) => boolean
+  }
+}
+
+/**
+ * A stream refused for a transient reason (database unavailable, the stream
+ * limit, shutting down, load shedding): a browser EventSource gives up for
+ * good on any non-200, so it gets a 200 event stream with a `retry:`
+ * (SSE_RETRY_MS) and a comment saying why, then the end. The client
+ * reconnects by itself with its Last-Event-ID.
+ */
+function answerAsStreamRetry (reply: FastifyReply, apiError: ApiError, retryMs: number) {
+  return reply.code(200)
+    .header('content-type', 'text/event-stream')
+    .header('cache-control', 'no-cache')
+    .header('x-accel-buffering', 'no')
+    .send(`retry: ${retryMs}\n: ${apiError.code}: ${apiError.message}\n\n`)
+}
 
 /**
  * Every error leaves as the {error: {code, message}} envelope, never
  * Fastify's default shape: the mapping itself is errors.ts's toApiError.
+ * No cache keeps one (a 404 may become a 200, a 503 passes).
  */
 export default fp(async function errorsPlugin (app) {
+  const { SSE_RETRY_MS } = app.config
   app.setErrorHandler(async (err, request, reply) => {
     const apiError = toApiError(err)
     // The request's own log line (request-log.ts) has its status; this adds the cause.
     if (apiError.code === 'internal') request.log.error({ err }, 'request failed')
     else if (apiError.code === 'unavailable') request.log.warn({ err }, 'request failed: unavailable')
     else request.log.debug({ error: apiError.toBody().error }, 'request rejected')
-    return reply.code(apiError.statusCode).send(apiError.toBody())
+    if (apiError.code === 'unavailable' && request.routeOptions.config.eventStream?.(request) === true) {
+      return answerAsStreamRetry(reply, apiError, SSE_RETRY_MS)
+    }
+    return reply.code(apiError.statusCode).header('cache-control', NO_STORE).send(apiError.toBody())
   })
 
   app.setNotFoundHandler(async (_request, reply) => {
     const error = notFound('route')
-    return reply.code(error.statusCode).send(error.toBody())
+    return reply.code(error.statusCode).header('cache-control', NO_STORE).send(error.toBody())
   })
-}, { name: 'errors' })
+}, { name: 'errors', decorators: { fastify: ['config'] } })

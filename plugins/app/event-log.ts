@@ -138,7 +138,7 @@ export class EventLogUpkeep {
   }
 }
 
-/** Starts the upkeep where this service may write; see README "How the event order is settled". */
+/** Starts the upkeep where this service may write; see docs/stream.md, "How the event order is settled". */
 export default fp(async function eventLogPlugin (app) {
   if (app.upkeepDatabaseUrl === undefined) { // DATABASE_URL names a hot standby (plugins/app/db.ts says so)
     app.decorate('eventLog', undefined)

@@ -48,6 +48,12 @@ export default fp(async function metricsPlugin (app) {
     collect () { this.set(events.size) }
   })
   new Gauge({ // eslint-disable-line no-new
+    name: 'event_long_polls_waiting',
+    help: 'Durable Streams long-polls waiting for events on this process (served from memory)',
+    registers,
+    collect () { this.set(events.waiting) }
+  })
+  new Gauge({ // eslint-disable-line no-new
     name: 'event_streams_buffered_bytes',
     help: 'Bytes written to event streams and not yet taken by their clients',
     registers,
@@ -71,6 +77,53 @@ export default fp(async function metricsPlugin (app) {
     registers,
     collect () { this.set(events.head ?? 0) }
   })
+
+  new Gauge({ // eslint-disable-line no-new
+    name: 'event_window_bytes',
+    help: 'Bytes of recent events held in memory for the catch-up of resuming streams (EVENTS_WINDOW_BYTES at most)',
+    registers,
+    collect () { this.set(events.window?.bytes ?? 0) }
+  })
+  new Gauge({ // eslint-disable-line no-new
+    name: 'event_window_events',
+    help: 'Recent events held in memory for the catch-up of resuming streams',
+    registers,
+    collect () { this.set(events.window?.size ?? 0) }
+  })
+  new Counter({ // eslint-disable-line no-new
+    name: 'event_catch_up_reads_total',
+    help: 'Catch-up reads of resuming streams (a page each), by where they were served from: memory (the window of recent events) or the database',
+    labelNames: ['source'],
+    registers,
+    collect () {
+      this.reset()
+      this.inc({ source: 'memory' }, events.catchUps.memory)
+      this.inc({ source: 'database' }, events.catchUps.database)
+    }
+  })
+
+  // The wake-up (EVENTS_WAKEUP): absent when the poller only polls.
+  const { eventWakeup } = app
+  if (eventWakeup !== undefined) {
+    new Gauge({ // eslint-disable-line no-new
+      name: 'event_wakeup_live',
+      help: '1 while the event wake-up streams WAL (new events delivered as they commit), 0 while the poller relies on polling alone',
+      registers,
+      collect () { this.set(Number(eventWakeup.live)) }
+    })
+    new Counter({ // eslint-disable-line no-new
+      name: 'event_wakeup_lost_total',
+      help: 'Times the event wake-up lost its WAL stream (connection dropped, database restarted) and the poller fell back to polling until it reconnected',
+      registers,
+      collect () { this.reset(); this.inc(eventWakeup.lost) }
+    })
+    new Counter({ // eslint-disable-line no-new
+      name: 'event_wakeup_wal_messages_total',
+      help: 'WAL messages the event wake-up received, each a wake-up of the poller (coalesced: at most one poll per few ms)',
+      registers,
+      collect () { this.reset(); this.inc(eventWakeup.wakes) }
+    })
+  }
 
   // The event log's upkeep: who keeps it, and the history it bounds (EVENTS_RETENTION).
   if (eventLog !== undefined) {
@@ -106,10 +159,21 @@ export default fp(async function metricsPlugin (app) {
     })
   }
 
-  app.addHook('onResponse', async (request, reply) => {
-    const labels = { method: request.method, route: routeOf(request), status_code: String(reply.statusCode) }
-    requests.inc(labels)
-    durations.observe(labels, reply.elapsedTime / 1000)
+  // The series of each (method, route, status), looked up once: prom-client
+  // would otherwise validate and hash the labels twice per request.
+  const series = new Map<string, { requests: { inc: () => void }, durations: { observe: (seconds: number) => void } }>()
+  app.addHook('onResponse', (request, reply, done) => {
+    const route = routeOf(request)
+    const key = `${request.method} ${reply.statusCode} ${route}`
+    let found = series.get(key)
+    if (found === undefined) {
+      const labels = { method: request.method, route, status_code: String(reply.statusCode) }
+      found = { requests: requests.labels(labels), durations: durations.labels(labels) }
+      series.set(key, found)
+    }
+    found.requests.inc()
+    found.durations.observe(reply.elapsedTime / 1000)
+    done()
   })
   app.decorate('metrics', registry)
 }, { name: 'metrics', dependencies: ['db', 'events', 'event-log'] })

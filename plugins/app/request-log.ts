@@ -1,7 +1,8 @@
-import type { FastifyRequest } from 'fastify'
+import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { randomUUID } from 'node:crypto'
 import type { IncomingMessage } from 'node:http'
+import type { Logger } from 'pino'
 
 /** An incoming X-Request-Id is honoured when it looks like an id; otherwise one is made. */
 const REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/
@@ -25,26 +26,37 @@ export const routeOf = (request: FastifyRequest) => request.routeOptions.url ?? 
  * and load balancers, they are logged at debug, so that they neither drown
  * the request log nor cost a log write each (BENCHMARKS.md).
  */
-const PROBES = new Set(['/health', '/ready'])
+export const PROBES = new Set(['/health', '/ready'])
+
+/** Whether `log` writes lines of `level` (Fastify's logger is pino's, whose type Fastify narrows). */
+const writes = (log: FastifyBaseLogger, level: 'info' | 'debug') => (log as Logger).isLevelEnabled(level)
 
 /**
  * One log line per request, when its response is done (for a stream: when
  * it ends), carrying the request id; the id is echoed in X-Request-Id.
  * Headers are never logged, so neither is an Authorization header.
- * Probes are logged at debug.
+ * Probes are logged at debug. At a level that writes no request line (warn
+ * and above), no hook runs after the response: the line is not even built.
+ * Callback hooks, not async ones: no promise per request.
  */
 export default fp(async function requestLogPlugin (app) {
-  app.addHook('onRequest', async (request, reply) => {
+  app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-request-id', request.id)
+    done()
   })
-  app.addHook('onResponse', async (request, reply) => {
+  if (!writes(app.log, 'info')) return
+  app.addHook('onResponse', (request, reply, done) => {
     const route = routeOf(request)
-    request.log[PROBES.has(route) ? 'debug' : 'info']({
-      method: request.method,
-      url: loggableUrl(request.url),
-      route,
-      statusCode: reply.statusCode,
-      responseTimeMs: Math.round(reply.elapsedTime * 100) / 100
-    }, 'request')
+    const level = PROBES.has(route) ? 'debug' : 'info'
+    if (writes(request.log, level)) {
+      request.log[level]({
+        method: request.method,
+        url: loggableUrl(request.url),
+        route,
+        statusCode: reply.statusCode,
+        responseTimeMs: Math.round(reply.elapsedTime * 100) / 100
+      }, 'request')
+    }
+    done()
   })
 }, { name: 'request-log' })

@@ -10,9 +10,9 @@ export default fp(async function shutdownPlugin (app) {
   let closing = false
   app.addHook('preClose', async () => { closing = true })
   const goingAway = new ApiError('unavailable', 'the service is shutting down, retry on another instance')
-  app.addHook('onRequest', async (_request, reply) => {
-    if (!closing) return
+  app.addHook('onRequest', (_request, reply, done) => {
+    if (!closing) { done(); return }
     reply.header('connection', 'close')
-    throw goingAway
+    done(goingAway)
   })
 }, { name: 'shutdown' })

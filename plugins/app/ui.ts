@@ -1,9 +1,11 @@
+import type { FastifyReply } from 'fastify'
 import fp from 'fastify-plugin'
 import { existsSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { notFound } from '../../errors.js'
+import { entityTag, noneMatchHits } from './http-cache.js'
 
 /** The ui/ folder: beside plugins/ when run from the sources (plugins/app/), above dist/ when compiled (dist/plugins/app/). */
 function uiDirectory (): string {
@@ -15,26 +17,39 @@ function uiDirectory (): string {
 
 const files = {
   '/': { file: 'index.html', type: 'text/html; charset=utf-8' },
-  '/ui/style.css': { file: 'style.css', type: 'text/css; charset=utf-8' },
-  '/ui/app.js': { file: 'build/app.js', type: 'text/javascript; charset=utf-8' }
+  '/ui/style.css': { file: 'style.css', type: 'text/css; charset=utf-8' }
 } as const
 
+/** The compiled modules (ui/build/): the page's script and ocp-api-client, which it imports. */
+const BUILT_MODULE = /^(ui|client\/src)\/[a-z-]+\.js$/
+
 /**
- * The web UI (ui/): a runs list, a run detail and a thread timeline, kept
- * live by the event stream. Three static files, read once and kept.
+ * The web UI (ui/): a runs list, a run detail, a thread timeline and the
+ * latest activity, kept live by ocp-api-client. Static files, read once and kept.
  */
 export default fp(async function uiPlugin (app) {
   const dir = uiDirectory()
-  const cache = new Map<string, Buffer>()
-  for (const [path, { file, type }] of Object.entries(files)) {
-    app.get(path, { schema: { hide: true } }, async (_request, reply) => {
-      let body = cache.get(file)
-      if (body === undefined) {
-        // build/app.js exists once the client is built (npm run build, or before the tests).
-        body = await readFile(join(dir, file)).catch(() => { throw notFound('the UI is not built: run npm run build') })
-        cache.set(file, body)
-      }
-      return reply.type(type).header('cache-control', 'no-cache').send(body)
-    })
+  const cache = new Map<string, { body: Buffer, tag: string }>()
+  // no-cache with a tag: a browser keeps each file and revalidates it, so a
+  // reload costs a 304 per file, not the file.
+  async function send (reply: FastifyReply, file: string, type: string) {
+    let kept = cache.get(file)
+    if (kept === undefined) {
+      // build/ exists once the UI is compiled (npm run build, or before the tests).
+      const body = await readFile(join(dir, file)).catch(() => { throw notFound('the UI is not built: run npm run build') })
+      kept = { body, tag: entityTag(body) }
+      cache.set(file, kept)
+    }
+    reply.header('cache-control', 'no-cache').header('etag', kept.tag)
+    if (noneMatchHits(reply.request.headers['if-none-match'], kept.tag)) return reply.code(304).send()
+    return reply.type(type).send(kept.body)
   }
+  for (const [path, { file, type }] of Object.entries(files)) {
+    app.get(path, { schema: { hide: true } }, (_request, reply) => send(reply, file, type))
+  }
+  app.get<{ Params: { '*': string } }>('/ui/build/*', { schema: { hide: true } }, async (request, reply) => {
+    const module = request.params['*']
+    if (!BUILT_MODULE.test(module)) throw notFound('file')
+    return send(reply, `build/${module}`, 'text/javascript; charset=utf-8')
+  })
 }, { name: 'ui' })

@@ -5,7 +5,9 @@ import { listOf } from '../../config.js'
 /**
  * CORS for browser UIs served from other origins: off unless CORS_ORIGINS
  * lists them (comma-separated; `*` for any). The headers a UI needs to read
- * (X-Event-Cursor, Link, X-Request-Id) are exposed.
+ * (X-Event-Cursor, Link, X-Request-Id, ETag, and the Durable Streams
+ * headers of CONTRACT section 9) are exposed, and a UI may send
+ * If-None-Match itself.
  */
 export default fp(async function corsPlugin (app) {
   const origins = listOf(app.config.CORS_ORIGINS)
@@ -13,8 +15,8 @@ export default fp(async function corsPlugin (app) {
   await app.register(cors, {
     origin: origins.includes('*') ? '*' : origins,
     methods: ['GET', 'HEAD', 'OPTIONS'],
-    allowedHeaders: ['Authorization', 'Last-Event-ID', 'Content-Type', 'X-Request-Id'],
-    exposedHeaders: ['X-Event-Cursor', 'Link', 'X-Request-Id', 'Retry-After'],
+    allowedHeaders: ['Authorization', 'Last-Event-ID', 'Content-Type', 'X-Request-Id', 'If-None-Match'],
+    exposedHeaders: ['X-Event-Cursor', 'Link', 'X-Request-Id', 'Retry-After', 'ETag', 'Stream-Next-Offset', 'Stream-Up-To-Date', 'Stream-Cursor', 'Stream-Closed'],
     maxAge: 600
   })
 }, { name: 'cors', decorators: { fastify: ['config'] } })

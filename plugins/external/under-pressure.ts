@@ -1,4 +1,4 @@
-import underPressure from '@fastify/under-pressure'
+import underPressure, { TYPE_EVENT_LOOP_DELAY } from '@fastify/under-pressure'
 import fp from 'fastify-plugin'
 import { getHeapStatistics } from 'node:v8'
 import { overloaded } from '../../errors.js'
@@ -9,23 +9,33 @@ const ALWAYS_ANSWERED = new Set(['/health', '/ready', '/metrics'])
 /** Seconds a shed client is asked to wait. */
 const RETRY_AFTER_SECONDS = 2
 
+/** How often under-pressure samples the event loop's delay. */
+const SAMPLE_INTERVAL_MS = 250
+
 /**
  * Load shedding: when the event loop lags past MAX_EVENT_LOOP_DELAY_MS, or
  * the heap passes MAX_HEAP_USED_BYTES (90% of V8's limit by default), or
  * resident memory passes MAX_RSS_BYTES, requests answer 503 `unavailable`
  * at once instead of queueing behind the backlog.
+ *
+ * The samples taken while the application starts measure its loading (on a
+ * busy machine, seconds of compiling), not load: event-loop delay sheds
+ * nothing until a whole sample has been taken after it is ready.
  */
 export default fp(async function underPressurePlugin (app) {
   const { MAX_EVENT_LOOP_DELAY_MS, MAX_HEAP_USED_BYTES, MAX_RSS_BYTES } = app.config
+  let measuresLoadFrom = Infinity
+  app.addHook('onReady', async () => { measuresLoadFrom = performance.now() + 2 * SAMPLE_INTERVAL_MS })
   await app.register(underPressure, {
     maxEventLoopDelay: MAX_EVENT_LOOP_DELAY_MS,
     maxHeapUsedBytes: MAX_HEAP_USED_BYTES || Math.floor(getHeapStatistics().heap_size_limit * 0.9),
     maxRssBytes: MAX_RSS_BYTES,
-    sampleInterval: 250,
+    sampleInterval: SAMPLE_INTERVAL_MS,
     // Resolving lets the request through; rejecting sends it to the error
     // handler, which answers with the envelope.
     pressureHandler: async (request, reply, type, value) => {
       if (ALWAYS_ANSWERED.has(request.url.split('?', 1)[0]!)) return
+      if (type === TYPE_EVENT_LOOP_DELAY && performance.now() < measuresLoadFrom) return
       request.log.warn({ type, value }, 'shedding load')
       reply.header('retry-after', RETRY_AFTER_SECONDS)
       throw overloaded

@@ -1,12 +1,8 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
-import { eventsAfterKept, listEvents, settledNow, type EventFilter, type StoredEvent } from '../../db/events.js'
-import { ApiError, cursorExpired } from '../../errors.js'
-import { Subscriber, type SubscriberOptions } from '../../plugins/app/events/subscriber.js'
-import { DEFAULT_EVENTS_LIMIT, eventCursorErrors, EventsQuery, parseCursor, parseLimit, StreamQuery } from '../../schemas/api.js'
-
-/** Events read per catch-up query of a stream that resumes from an older cursor. */
-export const CATCH_UP_PAGE_SIZE = 500
+import { listEvents, type EventFilter } from '../../db/events.js'
+import { cursorExpired } from '../../errors.js'
+import { CACHE_CONTROL_DOCS, ConditionalHeaders, DEFAULT_EVENTS_LIMIT, eventCursorErrors, EventsQuery, notModified, parseCursor, parseLimit, readResponse, StreamQuery } from '../../schemas/api.js'
 
 /** Empty filters mean "no filter": `?run_id=` is what a UI sends before it knows the run. */
 function toFilter (query: { run_id?: string, thread_id?: string }): EventFilter {
@@ -16,53 +12,30 @@ function toFilter (query: { run_id?: string, thread_id?: string }): EventFilter 
   }
 }
 
+/** The stream's errors: those of any cursor route but the 503, answered as a retry (plugins/app/errors.ts). */
+const { 503: _retried, ...streamErrors } = eventCursorErrors
+
 const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { SSE_MAX_BUFFERED_BYTES, SSE_MAX_STREAMS, SSE_RETRY_MS, SSE_SLOW_CLIENT_TIMEOUT_MS } = app.config
   const hub = app.events
-  /**
-   * Up to a page of events after a cursor named `name`, never past the
-   * hub's settled head (what lies above it reaches the stream live); a
-   * cursor below the history's floor (read in the same statement) has
-   * missed events: 410.
-   */
-  async function readAfter (afterId: number, filter: EventFilter, name: string): Promise<StoredEvent[]> {
-    const { floor, events } = await eventsAfterKept(app.db, afterId, filter, CATCH_UP_PAGE_SIZE, hub.head)
-    if (afterId < floor) throw cursorExpired(name, afterId, floor)
-    return events
-  }
-  const subscriberOptions: SubscriberOptions = {
-    // A stream still catching up when the history's floor passes it ends: its client's reconnect gets the 410.
-    readAfter: (afterId, filter) => readAfter(afterId, filter, 'the stream\'s position'),
-    pageSize: CATCH_UP_PAGE_SIZE,
-    maxBufferedBytes: SSE_MAX_BUFFERED_BYTES,
-    slowClientMs: SSE_SLOW_CLIENT_TIMEOUT_MS,
-    onDrop: (subscriber, reason, err) => {
-      const details = { filter: subscriber.filter, lastId: subscriber.lastId }
-      if (err instanceof ApiError && err.code === 'cursor_expired') {
-        app.log.info(details, 'event stream ended: the history\'s floor passed it while it caught up (EVENTS_RETENTION); its client\'s reconnect is answered 410')
-      } else {
-        app.log.warn({ err, ...details }, `event stream ended: ${reason}`)
-      }
-    }
-  }
 
   app.get('/events/stream', {
-    sse: { kind: 'manual', heartbeat: false },
+    sse: { kind: 'manual' },
+    config: { eventStream: () => true },
     schema: {
       operationId: 'streamEvents',
       tags: ['events'],
       summary: 'The live event stream (Server-Sent Events)',
-      description: 'Each event is `id: <event_id>` and `data: <Event as one line of JSON>`. Resumes after the Last-Event-ID header if sent, else after `after_event_id`, else from the current end. Sends `retry:` once, `: keep-alive` comments when quiet, and id-only blocks that move a filtered client\'s cursor. Every committed event matching the filters is delivered exactly once, in ascending event_id. A cursor older than the history kept (EVENTS_RETENTION) answers 410 `cursor_expired` before the stream starts: refetch what you show, then subscribe from the X-Event-Cursor of that read.',
+      description: 'Each event is `id: <event_id>` and `data: <Event as one line of JSON>`. Resumes after the Last-Event-ID header if sent, else after `after_event_id`, else from the current end. Sends `retry:` once, `: keep-alive` comments when quiet, and id-only blocks that move a filtered client\'s cursor. Every committed event matching the filters is delivered exactly once, in ascending event_id. A cursor older than the history kept (EVENTS_RETENTION) answers 410 `cursor_expired` before the stream starts: refetch what you show, then subscribe from the X-Event-Cursor of that read. Never a 503: a stream refused for a transient reason (the database unavailable, this instance at SSE_MAX_STREAMS, shutting down, overloaded) is a 200 with `retry:` and a comment saying why, then the end, so that an EventSource retries by itself.',
       querystring: StreamQuery,
       headers: Type.Object({
         'last-event-id': Type.Optional(Type.String({ description: 'The last event_id received; wins over after_event_id' }))
       }),
       response: {
         200: {
-          description: 'A text/event-stream of Event envelopes',
+          description: 'A text/event-stream of Event envelopes (or, refused for a transient reason, a retry and the end)',
           content: { 'text/event-stream': { schema: Type.Ref('Event') } }
         },
-        ...eventCursorErrors
+        ...streamErrors
       }
     }
   }, async (request, reply) => {
@@ -73,34 +46,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const resumeAfter = header
       ? parseCursor(header, cursorName)
       : request.query.after_event_id === undefined ? undefined : parseCursor(request.query.after_event_id, cursorName)
-    const filter = toFilter(request.query)
-
-    if (hub.size >= SSE_MAX_STREAMS) {
-      reply.header('retry-after', 5)
-      throw new ApiError('unavailable', `this instance already serves ${SSE_MAX_STREAMS} event streams, retry shortly or on another instance`)
-    }
-    const known = await hub.ready()
-    const subscriber = new Subscriber(reply.raw, filter, resumeAfter ?? 0, subscriberOptions)
-    // Subscribed before reading the table: whatever the hub polls from now
-    // on reaches this subscriber, and whatever it polled before, the reads
-    // below see (see README, "The event stream", for the argument).
-    hub.subscribe(subscriber)
-    reply.sse.onClose(() => hub.unsubscribe(subscriber))
-
-    let firstPage: StoredEvent[] = []
-    try {
-      if (resumeAfter === undefined) subscriber.lastId = await settledNow(app.db, known)
-      else firstPage = await readAfter(resumeAfter, filter, cursorName)
-    } catch (err) {
-      hub.unsubscribe(subscriber)
-      throw err // before any byte is sent: the client gets the 410 or 503 envelope
-    }
-
-    if (!reply.sse.isConnected) return
-    reply.sse.keepAlive()
-    reply.sse.sendHeaders()
-    subscriber.write(`retry: ${SSE_RETRY_MS}\n\n`)
-    await subscriber.catchUp(firstPage)
+    await hub.open(reply, toFilter(request.query), resumeAfter === undefined ? 'tail' : { afterId: resumeAfter, name: cursorName })
   })
 
   app.get('/events', {
@@ -110,7 +56,8 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
       summary: 'A page of events, for clients that cannot hold a stream open',
       description: `Events after \`after_event_id\` (by default, from the oldest event kept) matching the filters, ascending, at most \`limit\` (${DEFAULT_EVENTS_LIMIT} by default). Only settled events are listed (never one above an id still in flight). X-Event-Cursor is where to resume: the last event returned when the page is full, else the settled position. A cursor older than the history kept (EVENTS_RETENTION) answers 410 \`cursor_expired\`.`,
       querystring: EventsQuery,
-      response: { 200: Type.Ref('EventList', { description: 'A page of events' }), ...eventCursorErrors }
+      headers: ConditionalHeaders,
+      response: { 200: readResponse('EventList', 'A page of events', CACHE_CONTROL_DOCS.events), ...notModified, ...eventCursorErrors }
     }
   }, async (request, reply) => {
     const { after_event_id: after } = request.query
@@ -118,7 +65,9 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const afterId = after === undefined ? undefined : parseCursor(after, 'after_event_id')
     const page = await listEvents(app.db, afterId, toFilter(request.query), limit, await hub.ready())
     if (afterId !== undefined && afterId < page.floor) throw cursorExpired('after_event_id', afterId, page.floor)
-    return reply.header('x-event-cursor', page.cursor).sendRawJson(page.body)
+    // A full page after an explicit cursor is final; one from the floor moves with it (EVENTS_RETENTION).
+    const kind = page.full && afterId !== undefined ? 'immutable' : 'recent'
+    return reply.header('x-event-cursor', page.cursor).sendCacheable(page.body, kind)
   })
 }
 

@@ -1,40 +1,46 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify'
-import { Type } from 'typebox'
 import { getRunDetail, listBlockedTasks, listRunTasks, listRuns, type PageKey, type PagedBody } from '../../db/queries.js'
 import { badRequest, notFound } from '../../errors.js'
-import { commonErrors, notFoundErrors, PageQuery, parseLimit, RunParams } from '../../schemas/api.js'
+import { CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageQuery, parseLimit, parseStatuses, readResponse, RunParams, RunsQuery } from '../../schemas/api.js'
 
 // ---- keyset paging (CONTRACT section 3) -----------------------------------
 
-const CURSOR_TIMESTAMP = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$/
+/*
+ * A page key is where the next page of a list starts: the sort key of the
+ * previous page's last item. On the wire it is the opaque `cursor` query
+ * parameter (CONTRACT section 3), which is not an event cursor; here it is
+ * called a page key.
+ */
 
-/** The opaque `cursor`: base64url of [created_at, id] of the last item of the previous page. */
-function encodeCursor (key: PageKey): string {
+const PAGE_KEY_TIMESTAMP = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$/
+
+/** The page key as the opaque `cursor` parameter: base64url of [created_at, id] of the last item of the previous page. */
+function encodePageKey (key: PageKey): string {
   return Buffer.from(JSON.stringify([key.createdAt, key.id])).toString('base64url')
 }
 
-function decodeCursor (cursor: string): PageKey {
+function decodePageKey (text: string): PageKey {
   let decoded: unknown
   try {
-    decoded = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8'))
+    decoded = JSON.parse(Buffer.from(text, 'base64url').toString('utf8'))
   } catch {
     throw badRequest('cursor is not valid: pass the one from a Link: rel="next" URL')
   }
   if (!Array.isArray(decoded) || decoded.length !== 2) throw badRequest('cursor is not valid: pass the one from a Link: rel="next" URL')
   const [createdAt, id] = decoded as unknown[]
-  if (typeof createdAt !== 'string' || !CURSOR_TIMESTAMP.test(createdAt) || Number.isNaN(Date.parse(createdAt)) ||
+  if (typeof createdAt !== 'string' || !PAGE_KEY_TIMESTAMP.test(createdAt) || Number.isNaN(Date.parse(createdAt)) ||
       typeof id !== 'string' || id.includes('\u0000')) {
     throw badRequest('cursor is not valid: pass the one from a Link: rel="next" URL')
   }
   return { createdAt, id }
 }
 
-/** Sends a page, with `Link: <...>; rel="next"` (RFC 8288) when more items remain. */
-function sendPage (request: FastifyRequest, reply: FastifyReply, page: PagedBody, limit: number | undefined) {
+/** Sends a page, with `Link: <...>; rel="next"` (RFC 8288) when more items remain; the next page keeps the page's filters. */
+function sendPage (request: FastifyRequest, reply: FastifyReply, page: PagedBody, limit: number | undefined, filters: Record<string, string> = {}) {
   if (page.next !== undefined && limit !== undefined) {
     const path = request.url.split('?', 1)[0]
-    const query = new URLSearchParams({ limit: String(limit), cursor: encodeCursor(page.next) })
+    const query = new URLSearchParams({ ...filters, limit: String(limit), cursor: encodePageKey(page.next) })
     reply.header('link', `<${path}?${query.toString()}>; rel="next"`)
   }
   return reply.sendRead(page)
@@ -74,14 +80,17 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
       operationId: 'listRuns',
       tags: ['runs'],
       summary: 'Runs, newest first, each with its task counts',
-      description: `Newest first (created_at desc, run_id desc). Without \`limit\`, at most ${RUN_LIST_DEFAULT_LIMIT} runs (RUN_LIST_DEFAULT_LIMIT); a Link rel="next" header is sent whenever more remain.`,
-      querystring: PageQuery,
-      response: { 200: Type.Ref('RunList', { description: 'The runs, newest first' }), ...commonErrors }
+      description: `Newest first (created_at desc, run_id desc). Without \`limit\`, at most ${RUN_LIST_DEFAULT_LIMIT} runs (RUN_LIST_DEFAULT_LIMIT); a Link rel="next" header is sent whenever more remain, keeping \`status\`.`,
+      querystring: RunsQuery,
+      headers: ConditionalHeaders,
+      response: { 200: readResponse('RunList', 'The runs, newest first', CACHE_CONTROL_DOCS.state), ...notModified, ...commonErrors }
     }
   }, async (request, reply) => {
     const limit = parseLimit(request.query.limit) ?? RUN_LIST_DEFAULT_LIMIT
-    const after = request.query.cursor === undefined ? undefined : decodeCursor(request.query.cursor)
-    return sendPage(request, reply, await listRuns(app.dbPool, { limit, after }, await app.events.ready()), limit)
+    const after = request.query.cursor === undefined ? undefined : decodePageKey(request.query.cursor)
+    const statuses = parseStatuses(request.query.status)
+    const page = await listRuns(app.dbPool, { limit, after, statuses }, await app.events.ready())
+    return sendPage(request, reply, page, limit, statuses === undefined ? {} : { status: statuses.join(',') })
   })
 
   app.get('/runs/:runID', {
@@ -90,7 +99,8 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
       tags: ['runs'],
       summary: 'A run with its task counts, tasks and blocked tasks, from one snapshot',
       params: RunParams,
-      response: { 200: Type.Ref('RunDetailEnvelope', { description: 'The run in detail' }), ...notFoundErrors }
+      headers: ConditionalHeaders,
+      response: { 200: readResponse('RunDetailEnvelope', 'The run in detail', CACHE_CONTROL_DOCS.state), ...notModified, ...notFoundErrors }
     }
   }, async (request, reply) => {
     const { runID } = request.params
@@ -108,12 +118,12 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
       description: 'Ordered by created_at, then task_id. All of them unless `limit` is given; then a Link rel="next" header is sent whenever more remain.',
       params: RunParams,
       querystring: PageQuery,
-      response: { 200: Type.Ref('TaskList', { description: 'The run\'s tasks' }), ...notFoundErrors }
+      headers: ConditionalHeaders,
+      response: { 200: readResponse('TaskList', 'The run\'s tasks', CACHE_CONTROL_DOCS.state), ...notModified, ...notFoundErrors }
     }
   }, async (request, reply) => {
-    const { cursor } = request.query
     const limit = parseLimit(request.query.limit)
-    const after = cursor === undefined ? undefined : decodeCursor(cursor)
+    const after = request.query.cursor === undefined ? undefined : decodePageKey(request.query.cursor)
     const page = await listRunTasks(app.dbPool, request.params.runID, { limit, after }, await app.events.ready())
     if (page === undefined) throw notFound('run')
     return sendPage(request, reply, page, limit)
@@ -125,7 +135,8 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
       tags: ['runs'],
       summary: 'The blocked tasks of a run, each with its attempt and the question that blocks it',
       params: RunParams,
-      response: { 200: Type.Ref('BlockedTaskList', { description: 'The run\'s blocked tasks' }), ...notFoundErrors }
+      headers: ConditionalHeaders,
+      response: { 200: readResponse('BlockedTaskList', 'The run\'s blocked tasks', CACHE_CONTROL_DOCS.state), ...notModified, ...notFoundErrors }
     }
   }, async (request, reply) => {
     const { runID } = request.params

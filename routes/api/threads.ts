@@ -1,8 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import { Type } from 'typebox'
 import { getThreadDetail } from '../../db/queries.js'
 import { notFound } from '../../errors.js'
-import { notFoundErrors, ThreadParams } from '../../schemas/api.js'
+import { CACHE_CONTROL_DOCS, ConditionalHeaders, notFoundErrors, notModified, readResponse, ThreadParams } from '../../schemas/api.js'
 
 const threadRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get('/threads/:threadID', {
@@ -11,7 +10,8 @@ const threadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       tags: ['threads'],
       summary: 'A thread with its messages in order, each with its artifacts',
       params: ThreadParams,
-      response: { 200: Type.Ref('ThreadDetailEnvelope', { description: 'The thread and its messages' }), ...notFoundErrors }
+      headers: ConditionalHeaders,
+      response: { 200: readResponse('ThreadDetailEnvelope', 'The thread and its messages', CACHE_CONTROL_DOCS.state), ...notModified, ...notFoundErrors }
     }
   }, async (request, reply) => {
     const thread = await getThreadDetail(app.dbPool, request.params.threadID, await app.events.ready())

@@ -6,6 +6,7 @@ import pg from 'pg'
 import t from 'tap'
 import { startEmbeddedPostgres } from '../../db/embedded.js'
 import { migrateToLatest } from '../../db/migrate.js'
+import { withDatabase } from './wait.js'
 
 /*
  * Every test file (tap runs each in its own process) gets a database of its
@@ -41,7 +42,7 @@ export function serverDatabaseUrl (): Promise<string> {
   serverUrl ??= (async () => {
     const fromEnv = process.env.DATABASE_URL
     if (fromEnv !== undefined && fromEnv !== '') return fromEnv
-    /* c8 ignore start: only where Docker runs (not on the project's CI machines) */
+    /* c8 ignore start: the coverage run has DATABASE_URL; CI runs this path in a run of its own (.ci/run, "testcontainers") */
     try {
       const { getContainerRuntimeClient } = await import('testcontainers')
       await getContainerRuntimeClient()
@@ -57,12 +58,7 @@ export function serverDatabaseUrl (): Promise<string> {
   return serverUrl
 }
 
-/** The URL of database `name` on the same server as `url`. */
-export function withDatabase (url: string, name: string): string {
-  const parsed = new URL(url)
-  parsed.pathname = `/${name}`
-  return parsed.toString()
-}
+export { withDatabase }
 
 /** A short fingerprint of the migrations, so a changed migration gets a fresh template. */
 function migrationsFingerprint (): string {

@@ -1,6 +1,7 @@
 import { sql, type Insertable, type Kysely } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
+import { TABLES } from '../../db/fixtures.js'
 import { createDb } from '../../db/pool.js'
 import type {
   ArtifactsTable, Database, MessagesTable, RunsTable, TaskAttemptsTable, TasksTable, ThreadsTable
@@ -132,12 +133,17 @@ export interface Graph {
   artifacts?: Insertable<ArtifactsTable>[]
 }
 
-/** Inserts rows in dependency order, in one transaction. */
+/**
+ * Inserts rows in dependency order (the fixture loader's), in one
+ * transaction. Not loadFixture (db/fixtures.ts) itself: that one skips rows
+ * whose key exists and looks up references, where a test wants a clash to
+ * fail loudly and its JSON columns are already text (json() above).
+ */
 export async function insertGraph (graph: Graph): Promise<void> {
   const db = await writer()
   await db.transaction().execute(async (trx) => {
-    for (const table of ['runs', 'tasks', 'task_attempts', 'threads', 'messages', 'artifacts'] as const) {
-      const rows = graph[table]
+    for (const table of TABLES) {
+      const rows = table === 'events' ? undefined : graph[table]
       if (rows !== undefined && rows.length > 0) await trx.insertInto(table).values(rows as never).execute()
     }
   })

@@ -18,6 +18,17 @@ import { freePort, sleep } from './wait.js'
  * primary.
  */
 
+/** One statement on `url`, over a connection of its own: the primary and the standby are reached by URL. */
+export async function queryOn (url: string, text: string, values: unknown[] = []): Promise<pg.QueryResultRow[]> {
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  try {
+    return (await client.query(text, values)).rows
+  } finally {
+    await client.end()
+  }
+}
+
 export const READER_ROLE = 'ocp_reader'
 
 /** For `{ skip }`: why a primary and a standby of the test's own cannot be made here, or false. */

@@ -1,6 +1,9 @@
 import { createServer } from 'node:net'
 
-/* Small waiting helpers shared by the tests that run real servers. */
+/*
+ * Small helpers shared by the tests that run real servers, and by the
+ * benchmarks (bench/common.ts): so nothing here imports tap.
+ */
 
 export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
 
@@ -15,10 +18,18 @@ export async function waitUntil (done: () => boolean | Promise<boolean>, what: s
 
 /** A TCP port free on loopback right now. */
 export function freePort (): Promise<number> {
-  return new Promise((resolve) => {
+  return new Promise((resolve, reject) => {
     const server = createServer().listen(0, '127.0.0.1', () => {
       const { port } = server.address() as { port: number }
       server.close(() => resolve(port))
     })
+    server.on('error', reject)
   })
+}
+
+/** The URL of database `name` on the same server as `url`. */
+export function withDatabase (url: string, name: string): string {
+  const parsed = new URL(url)
+  parsed.pathname = `/${name}`
+  return parsed.toString()
 }

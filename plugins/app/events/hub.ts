@@ -1,19 +1,66 @@
-import type { FastifyBaseLogger } from 'fastify'
-import { eventsAfter, settleBound, settledNow, type StoredEvent } from '../../../db/events.js'
-import type { Db } from '../../../db/queries.js'
-import type { Subscriber } from './subscriber.js'
+import type { FastifyBaseLogger, FastifyReply } from 'fastify'
+import { eventsAfterKept, settleBound, settledNow, type EventFilter, type StoredEvent } from '../../../db/events.js'
+import type { Db } from '../../../db/schema.js'
+import { ApiError, cursorExpired } from '../../../errors.js'
+import { Subscriber, type Listener, type StreamFormat, type SubscriberOptions } from './subscriber.js'
+import { Waiter } from './waiter.js'
+import type { StreamOffset } from './durable.js'
+import { EventWindow } from './window.js'
 
 export interface HubOptions {
   pollIntervalMs: number
+  /** The safety net's poll interval while a wake-up source is live (EVENTS_WAKEUP_POLL_INTERVAL_MS). */
+  wakeupPollIntervalMs: number
   keepAliveMs: number
+  /** The most bytes of recent events kept in memory for catch-ups (EVENTS_WINDOW_BYTES; 0: none). */
+  windowBytes: number
+  /** The most streams open at once (SSE_MAX_STREAMS): past it, a new one is refused as a retry. */
+  maxStreams: number
+  /** The `retry:` sent at connect (SSE_RETRY_MS). */
+  retryMs: number
+  /** SSE_MAX_BUFFERED_BYTES and SSE_SLOW_CLIENT_TIMEOUT_MS: see Subscriber. */
+  maxBufferedBytes: number
+  slowClientMs: number
   log: FastifyBaseLogger
+}
+
+/**
+ * Where a stream starts: after an event id a client gave (named `name` in
+ * errors), at the current end, or at the oldest event kept.
+ */
+export type StreamStart = { afterId: number, name: string } | 'tail' | 'oldest'
+
+/** A page of a Durable Streams read: its events, the settled position it reaches, and whether that is the head. */
+export interface StreamPage {
+  events: StoredEvent[]
+  next: number
+  upToDate: boolean
+}
+
+/** What makes a stream a Durable Streams SSE stream: its wire format, and when the server ends it. */
+export interface DurableStreamOptions {
+  format: StreamFormat
+  maxMs: number
 }
 
 /** Events read per poll query; a poll reads pages until it is up to date. */
 export const POLL_PAGE_SIZE = 1000
 
+/** The least time between the starts of two polls that a wake-up asks for: bounds the polling on a busy database. */
+export const WAKE_MIN_GAP_MS = 5
+
+/**
+ * A wake-up's poll that finds nothing new is repeated once after this long:
+ * WAL may arrive before its commit is visible (on a hot standby, before it
+ * is replayed).
+ */
+export const WAKE_RECHECK_MS = 10
+
 /** How long delivery may wait for an event writer in flight before the log says so. */
 export const SETTLE_WAIT_LOG_MS = 5000
+
+/** Events read per catch-up query of a stream that resumes from an older cursor. */
+export const CATCH_UP_PAGE_SIZE = 500
 
 /**
  * The one poller of a process. Every pollIntervalMs it reads the events
@@ -27,12 +74,35 @@ export const SETTLE_WAIT_LOG_MS = 5000
  * then hands out the events up to there and any run of ids just above it
  * with no hole. An event above a hole waits for the next poll; how long
  * delivery has waited is a metric, and a log line past SETTLE_WAIT_LOG_MS.
+ *
+ * A wake-up source (wakeup.ts) calls wake() when something may have been
+ * committed: the hub then polls at once, or when the poll in flight ends,
+ * at most one poll every WAKE_MIN_GAP_MS, however many wake-ups and
+ * subscribers. While the source is live, the timed poll is only a safety
+ * net and runs every wakeupPollIntervalMs.
+ *
+ * What it hands out also goes into a window of recent events in memory
+ * (window.ts), from which streams resuming from a recent cursor catch up
+ * without reading the table.
+ *
+ * It owns the whole life of a stream (open): routes parse and validate,
+ * and hand it the response.
  */
 export class EventHub {
   /** The highest event id handed to subscribers; undefined until first read. */
   #head: number | undefined
   #initializing: Promise<number> | undefined
   #timer: NodeJS.Timeout | undefined
+  /** When the pending timer fires (epoch ms). */
+  #dueAt = 0
+  #polling = false
+  /** A wake-up came while a poll was in flight: poll again when it ends. */
+  #pollAgain = false
+  /** The next poll answers a wake-up. */
+  #woken = false
+  #lastTickAt = 0
+  /** Whether a wake-up source is live (set by it): the timed poll is then the slower safety net. */
+  wakeupLive = false
   #stopped = false
   #failing = false
   #lastPollAt = 0
@@ -41,15 +111,42 @@ export class EventHub {
   #waitingSince = 0
   #waitLogged = false
   readonly #subscribers = new Set<Subscriber>()
-  /** Unfiltered subscribers, all under the key ''. */
-  readonly #unfiltered = new Map<string, Set<Subscriber>>()
-  readonly #byRun = new Map<string, Set<Subscriber>>()
-  readonly #byThread = new Map<string, Set<Subscriber>>()
+  readonly #waiters = new Set<Waiter>()
+  /** Unfiltered listeners (streams and long-poll waiters), all under the key ''. */
+  readonly #unfiltered = new Map<string, Set<Listener>>()
+  readonly #byRun = new Map<string, Set<Listener>>()
+  readonly #byThread = new Map<string, Set<Listener>>()
+  #window: EventWindow | undefined
+  /** Catch-ups served from the window and from the table, since start (a metric). */
+  readonly catchUps = { memory: 0, database: 0 }
 
-  constructor (readonly db: Db, readonly options: HubOptions) {}
+  readonly #subscriberOptions: SubscriberOptions
+
+  constructor (readonly db: Db, readonly options: HubOptions) {
+    this.#subscriberOptions = {
+      // A stream still catching up when the history's floor passes it ends: its client's reconnect gets the 410.
+      readAfter: (afterId, filter) => this.#readAfter(afterId, filter, 'the stream\'s position'),
+      pageSize: CATCH_UP_PAGE_SIZE,
+      maxBufferedBytes: options.maxBufferedBytes,
+      slowClientMs: options.slowClientMs,
+      onDrop: (subscriber, reason, err) => {
+        const details = { filter: subscriber.filter, lastId: subscriber.lastId }
+        if (err instanceof ApiError && err.code === 'cursor_expired') {
+          options.log.info(details, 'event stream ended: the history\'s floor passed it while it caught up (EVENTS_RETENTION); its client\'s reconnect is answered 410')
+        } else {
+          options.log.warn({ err, ...details }, `event stream ended: ${reason}`)
+        }
+      }
+    }
+  }
 
   get size (): number {
     return this.#subscribers.size
+  }
+
+  /** Durable Streams long-polls waiting for events. */
+  get waiting (): number {
+    return this.#waiters.size
   }
 
   /** Bytes written to streams and not yet taken by their clients, over all streams. */
@@ -57,6 +154,155 @@ export class EventHub {
     let total = 0
     for (const subscriber of this.#subscribers) total += subscriber.response.writableLength
     return total
+  }
+
+  /** The window of recent events (undefined before the first read). */
+  get window (): EventWindow | undefined {
+    return this.#window
+  }
+
+  /**
+   * Up to `limit` events after `afterId` matching `filter`, from memory,
+   * when the window holds every one of them; undefined when the table must
+   * be read. Never past the head (the settled position).
+   */
+  recentAfter (afterId: number, filter: EventFilter, limit: number): StoredEvent[] | undefined {
+    const window = this.#window
+    if (window === undefined || !window.covers(afterId)) {
+      this.catchUps.database++
+      return undefined
+    }
+    this.catchUps.memory++
+    return window.after(afterId, filter, limit)
+  }
+
+  /**
+   * Up to a page of events after `afterId`, never past `upTo` (a settled
+   * head: what lies above it reaches a stream live), with the history's
+   * floor: from the window of recent events when it holds them all (then
+   * nothing after `afterId` has gone: the floor is not read), else from the
+   * table, the floor read in the same statement.
+   */
+  async #readKept (afterId: number, filter: EventFilter, upTo: number | undefined): Promise<{ floor: number, events: StoredEvent[] }> {
+    // The window ends at the hub's head: a read up to a fresher position goes to the table.
+    const recent = upTo !== undefined && upTo > this.#head! ? undefined : this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
+    if (recent !== undefined) return { floor: 0, events: recent }
+    return eventsAfterKept(this.db, afterId, filter, CATCH_UP_PAGE_SIZE, upTo)
+  }
+
+  /** As #readKept, for a cursor named `name` that a client gave: below the floor it has missed events, 410. */
+  async #readAfter (afterId: number, filter: EventFilter, name: string, upTo = this.#head): Promise<StoredEvent[]> {
+    const { floor, events } = await this.#readKept(afterId, filter, upTo)
+    if (afterId < floor) throw cursorExpired(name, afterId, floor)
+    return events
+  }
+
+  /**
+   * A catch-up page of a Durable Streams read (CONTRACT section 9): the
+   * events after `offset`, up to the settled head, and the position the
+   * client resumes from (never below its own offset: a replica behind the
+   * one that handed it out serves nothing until it catches up).
+   *
+   * `fresh` (a plain catch-up GET or HEAD, which says up to date): up to the
+   * settled position of a snapshot taken now, as GET /api/events reads, so
+   * that what was committed before the request is in it; the hub's head may
+   * be a poll behind. A long-poll's own catch-up keeps the head (no query
+   * per waiter: what lies above it comes from the hub's next polls).
+   */
+  async page (offset: StreamOffset, filter: EventFilter, name: string, fresh = false): Promise<StreamPage> {
+    const known = await this.ready()
+    const head = fresh ? Math.max(known, await settledNow(this.db, known)) : known
+    if (offset === 'now') return { events: [], next: head, upToDate: true }
+    if (offset !== 'oldest') return this.#pageOf(await this.#readAfter(offset, filter, name, head), Math.max(offset, head))
+    const { floor, events } = await this.#readKept(0, filter, head)
+    // `-1` starts above the floor: rows at or below it may linger until their partition goes.
+    return { ...this.#pageOf(events, head), events: events.filter((event) => event.id > floor) }
+  }
+
+  /**
+   * A page of `events`: a full one resumes after its last event, any other
+   * at `head` (everything matching up to it was read), or past it when the
+   * window moved on while it was read.
+   */
+  #pageOf (events: StoredEvent[], head: number): StreamPage {
+    const full = events.length >= CATCH_UP_PAGE_SIZE
+    const last = events.at(-1)?.id ?? head
+    return { events, next: full ? last : Math.max(head, last), upToDate: !full }
+  }
+
+  /**
+   * A long-poll of a Durable Streams read: the catch-up page when it has
+   * events, else the events that the hub's next polls hand out, from
+   * memory, as soon as a poll ends with one (no query per waiter), else,
+   * after `timeoutMs` or when `signal` aborts, none and the head.
+   */
+  async longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, signal: AbortSignal): Promise<StreamPage> {
+    const head = await this.ready()
+    const waiter = new Waiter(filter, offset === 'now' ? head : offset === 'oldest' ? 0 : offset, CATCH_UP_PAGE_SIZE)
+    // Listening before the catch-up read, for the reason a stream subscribes first (open).
+    this.#waiters.add(waiter)
+    this.#listen(waiter)
+    try {
+      if (offset !== 'now') {
+        const page = await this.page(offset, filter, name)
+        if (page.events.length > 0) return page
+      }
+      await waiter.wait(timeoutMs, signal)
+    } finally {
+      this.#waiters.delete(waiter)
+      this.#unlisten(waiter)
+    }
+    // Between two awaits the head covers every event handed out.
+    return this.#pageOf(waiter.events, Math.max(waiter.afterId, this.#head!))
+  }
+
+  /**
+   * Opens a stream on `reply` (an @fastify/sse reply): every committed
+   * event matching `filter` after `start`, exactly once, ascending, then
+   * live; in the Durable Streams SSE format, and ended after a while, when
+   * `durable` says so. Throws before any byte is sent (410, or a transient
+   * refusal the error handler answers as a retry); after that, failures end
+   * the stream and its client resumes from its last position.
+   */
+  async open (reply: FastifyReply, filter: EventFilter, start: StreamStart, durable?: DurableStreamOptions): Promise<void> {
+    if (this.size >= this.options.maxStreams) {
+      throw new ApiError('unavailable', `this instance already serves ${this.options.maxStreams} event streams, retry shortly or on another instance`)
+    }
+    const known = await this.ready()
+    const subscriber = new Subscriber(reply.raw, filter, typeof start === 'object' ? start.afterId : 0, this.#subscriberOptions, durable?.format)
+    // Subscribed before reading the table: whatever the hub polls from now
+    // on reaches this subscriber, and whatever it polled before, the reads
+    // below see (see docs/stream.md, "How it works", for the argument).
+    this.#subscribe(subscriber)
+    reply.sse.onClose(() => this.#unsubscribe(subscriber))
+
+    let firstPage: StoredEvent[] | undefined = []
+    try {
+      if (start === 'tail') {
+        subscriber.lastId = await settledNow(this.db, known)
+      } else if (start === 'oldest') {
+        const { floor, events } = await this.#readKept(0, filter, this.#head)
+        subscriber.lastId = floor
+        // Rows at or below the floor that linger: the catch-up reads again from the floor.
+        firstPage = events.some((event) => event.id <= floor) ? undefined : events
+      } else {
+        firstPage = await this.#readAfter(start.afterId, filter, start.name)
+      }
+    } catch (err) {
+      this.#unsubscribe(subscriber)
+      throw err // before any byte is sent: the client gets the 410 envelope, or a retry (plugins/app/errors.ts)
+    }
+
+    if (!reply.sse.isConnected) return
+    reply.sse.keepAlive()
+    reply.sse.sendHeaders()
+    if (durable !== undefined) {
+      // The protocol's SSE connections end now and then, so that a cache in front collapses the reconnects.
+      const timer = setTimeout(() => subscriber.end(), durable.maxMs)
+      reply.raw.once('close', () => clearTimeout(timer))
+    }
+    subscriber.write(`retry: ${this.options.retryMs}\n\n`)
+    await subscriber.catchUp(firstPage)
   }
 
   /** The highest event id handed to subscribers (undefined before the first read). */
@@ -79,13 +325,25 @@ export class EventHub {
     if (this.#head !== undefined) return Promise.resolve(this.#head)
     this.#initializing ??= settleBound(this.db).then(({ bound }) => settledNow(this.db, bound)).then((head) => {
       this.#head ??= head
+      this.#window ??= new EventWindow(this.#head, this.options.windowBytes)
       return this.#head
     }).finally(() => { this.#initializing = undefined })
     return this.#initializing
   }
 
   start (): void {
-    this.#schedule()
+    this.#schedule(this.options.pollIntervalMs)
+  }
+
+  /** Something may have been committed: poll as soon as the rate bound allows (see the class comment). */
+  wake (): void {
+    if (this.#stopped) return
+    this.#woken = true
+    if (this.#polling) {
+      this.#pollAgain = true
+      return
+    }
+    this.#schedule(this.#lastTickAt + WAKE_MIN_GAP_MS - Date.now())
   }
 
   /** Stops polling and ends every stream. */
@@ -93,6 +351,7 @@ export class EventHub {
     this.#stopped = true
     clearTimeout(this.#timer)
     this.endAll()
+    for (const waiter of this.#waiters) waiter.release()
   }
 
   /** Ends every open stream cleanly; their clients reconnect and resume from their last id. */
@@ -100,39 +359,48 @@ export class EventHub {
     for (const subscriber of this.#subscribers) subscriber.end()
   }
 
-  subscribe (subscriber: Subscriber): void {
+  #subscribe (subscriber: Subscriber): void {
     this.#subscribers.add(subscriber)
-    const { index, key } = this.#indexOf(subscriber)
-    let set = index.get(key)
-    if (set === undefined) index.set(key, set = new Set())
-    set.add(subscriber)
+    this.#listen(subscriber)
   }
 
   /** Idempotent: a stream may be released by its close and by a failed start alike. */
-  unsubscribe (subscriber: Subscriber): void {
-    if (!this.#subscribers.delete(subscriber)) return
-    const { index, key } = this.#indexOf(subscriber)
+  #unsubscribe (subscriber: Subscriber): void {
+    if (this.#subscribers.delete(subscriber)) this.#unlisten(subscriber)
+  }
+
+  #listen (listener: Listener): void {
+    const { index, key } = this.#indexOf(listener)
+    let set = index.get(key)
+    if (set === undefined) index.set(key, set = new Set())
+    set.add(listener)
+  }
+
+  #unlisten (listener: Listener): void {
+    const { index, key } = this.#indexOf(listener)
     const set = index.get(key)!
-    set.delete(subscriber)
+    set.delete(listener)
     if (set.size === 0) index.delete(key)
   }
 
-  /** Where a subscriber is found by fan-out: by its run, else by its thread, else among the unfiltered. */
-  #indexOf (subscriber: Subscriber): { index: Map<string, Set<Subscriber>>, key: string } {
-    const { runId, threadId } = subscriber.filter
+  /** Where a listener is found by fan-out: by its run, else by its thread, else among the unfiltered. */
+  #indexOf (listener: Listener): { index: Map<string, Set<Listener>>, key: string } {
+    const { runId, threadId } = listener.filter
     if (runId !== undefined) return { index: this.#byRun, key: runId }
     if (threadId !== undefined) return { index: this.#byThread, key: threadId }
     return { index: this.#unfiltered, key: '' }
   }
 
   /** Reads and hands out every event settled since the head. */
-  async poll (): Promise<void> {
+  async #poll (): Promise<void> {
     let head = await this.ready()
     const { bound, waitingPid, clockAge } = await settleBound(this.db)
     let settled = Math.max(head, bound)
     let hole = false
+    const window = this.#window!
     for (;;) {
-      const events = await eventsAfter(this.db, head, POLL_PAGE_SIZE)
+      const { floor, events } = await eventsAfterKept(this.db, head, {}, POLL_PAGE_SIZE)
+      window.raiseFloor(floor)
       for (const event of events) {
         if (event.id > settled + 1) {
           hole = true
@@ -140,6 +408,7 @@ export class EventHub {
         }
         settled = Math.max(settled, event.id)
         this.#fanOut(event)
+        window.append(event)
         head = event.id
       }
       const readAll = hole || events.length < POLL_PAGE_SIZE
@@ -147,10 +416,13 @@ export class EventHub {
       // the range is ids that will never commit.
       if (readAll) head = settled
       this.#head = head
+      window.advance(head)
       if (readAll) break
     }
     this.#lastPollAt = Date.now()
     this.#noteWait(hole, waitingPid, clockAge)
+    // Everything up to the head is handed out: the long-polls that got events answer.
+    for (const waiter of this.#waiters) waiter.settled()
   }
 
   /** Tracks how long an event above a hole has waited, and says so once it passes SETTLE_WAIT_LOG_MS. */
@@ -166,35 +438,51 @@ export class EventHub {
       this.#waitLogged = true
       const why = clockAge === null
         ? 'a transaction that drew the next event id is still open (waitingPid)'
-        : `on a hot standby it waits for the clock (${Math.round(clockAge)} s old) to pass the oldest open transaction of the primary; a clock older than a few seconds means no service keeps the event log on the primary (README, "How the event order is settled")`
+        : `on a hot standby it waits for the clock (${Math.round(clockAge)} s old) to pass the oldest open transaction of the primary; a clock older than a few seconds means no service keeps the event log on the primary (docs/stream.md, "How the event order is settled")`
       this.options.log.warn({ head: this.#head, waitingPid, clockAgeSeconds: clockAge, waitedSeconds: this.settleWaitSeconds },
         `event delivery waits past id ${this.#head}: ${why}`)
     }
   }
 
   /** Heartbeats for the streams that have been quiet for keepAliveMs. */
-  sweep (now: number): void {
+  #sweep (now: number): void {
     if (this.#head === undefined) return
     for (const subscriber of this.#subscribers) subscriber.heartbeat(now, this.#head, this.options.keepAliveMs)
   }
 
   #fanOut (event: StoredEvent): void {
     const unfiltered = this.#unfiltered.get('')
-    if (unfiltered !== undefined) for (const subscriber of unfiltered) subscriber.offer(event)
+    if (unfiltered !== undefined) for (const listener of unfiltered) listener.offer(event)
     const byRun = this.#byRun.get(event.runId)
-    if (byRun !== undefined) for (const subscriber of byRun) if (subscriber.matches(event)) subscriber.offer(event)
+    if (byRun !== undefined) for (const listener of byRun) if (listener.matches(event)) listener.offer(event)
     const byThread = this.#byThread.get(event.threadId)
-    if (byThread !== undefined) for (const subscriber of byThread) subscriber.offer(event)
+    if (byThread !== undefined) for (const listener of byThread) listener.offer(event)
   }
 
-  #schedule (): void {
+  /** Polls in `delayMs`, unless a poll is due sooner already. */
+  #schedule (delayMs: number): void {
     if (this.#stopped) return
-    this.#timer = setTimeout(() => { void this.#tick() }, this.options.pollIntervalMs)
+    const delay = Math.max(0, delayMs)
+    const dueAt = Date.now() + delay
+    if (this.#timer !== undefined) {
+      if (this.#dueAt <= dueAt) return
+      clearTimeout(this.#timer)
+    }
+    this.#dueAt = dueAt
+    this.#timer = setTimeout(() => {
+      this.#timer = undefined
+      void this.#tick()
+    }, delay)
   }
 
   async #tick (): Promise<void> {
+    const woken = this.#woken
+    this.#woken = false
+    this.#polling = true
+    this.#lastTickAt = Date.now()
+    const headBefore = this.#head
     try {
-      await this.poll()
+      await this.#poll()
       if (this.#failing) this.options.log.info('event poller recovered')
       this.#failing = false
     } catch (err) {
@@ -202,7 +490,15 @@ export class EventHub {
       if (!this.#failing) this.options.log.warn({ err }, 'event poller cannot read events; retrying')
       this.#failing = true
     }
-    this.sweep(Date.now())
-    this.#schedule()
+    this.#polling = false
+    this.#sweep(Date.now())
+    if (this.#pollAgain) {
+      this.#pollAgain = false
+      this.#woken = true
+      this.#schedule(this.#lastTickAt + WAKE_MIN_GAP_MS - Date.now())
+    } else if (woken && this.#head === headBefore) {
+      this.#schedule(WAKE_RECHECK_MS)
+    }
+    this.#schedule(this.wakeupLive ? this.options.wakeupPollIntervalMs : this.options.pollIntervalMs)
   }
 }

@@ -1,10 +1,45 @@
 import type { ServerResponse } from 'node:http'
-import type { EventFilter, StoredEvent } from '../../../db/events.js'
+import { matchesFilter, type EventFilter, type StoredEvent } from '../../../db/events.js'
+
+/**
+ * The frame of the last event built: the hub hands one event to every
+ * matching stream before the next, so thousands of streams share one string
+ * instead of each building (and flattening) its own copy.
+ */
+let lastFramed: { event: StoredEvent, frame: string } | undefined
 
 /** One event on the wire (CONTRACT section 5): its id, its envelope as one data line, a blank line. */
-export const eventFrame = (event: StoredEvent) => `id: ${event.id}\ndata: ${event.json}\n\n`
+export function eventFrame (event: StoredEvent): string {
+  if (lastFramed?.event !== event) lastFramed = { event, frame: `id: ${event.id}\ndata: ${event.json}\n\n` }
+  return lastFramed.frame
+}
 
 export const KEEP_ALIVE = ': keep-alive\n\n'
+
+/**
+ * How a stream writes what it tells its client: an event, a position it
+ * has reached without an event (a quiet filtered stream), and, optionally,
+ * the moment it catches up and goes live. The event stream's own format
+ * (CONTRACT section 5) is EVENT_STREAM_FORMAT; the Durable Streams SSE
+ * mode has its own (durable.ts).
+ */
+export interface StreamFormat {
+  event: (event: StoredEvent, live: boolean) => string
+  position: (position: number) => string
+  live?: (position: number) => string
+}
+
+export const EVENT_STREAM_FORMAT: StreamFormat = {
+  event: eventFrame,
+  position: (position) => `id: ${position}\n\n`
+}
+
+/** What the hub's fan-out hands events to: a stream (Subscriber) or a long-poll request (waiter.ts). */
+export interface Listener {
+  readonly filter: EventFilter
+  matches: (event: StoredEvent) => boolean
+  offer: (event: StoredEvent) => void
+}
 
 export interface SubscriberOptions {
   /** Reads up to pageSize matching events after an id, from the table. */
@@ -29,7 +64,7 @@ export interface SubscriberOptions {
  * events and catches up from the table once it drains; if it does not drain
  * within slowClientMs it is disconnected. Memory per client stays bounded.
  */
-export class Subscriber {
+export class Subscriber implements Listener {
   /** The last position this client was told of, by an event or an id-only block. */
   lastId: number
   lastWriteAt = Date.now()
@@ -37,12 +72,25 @@ export class Subscriber {
   #waiting: StoredEvent[] | undefined = []
   #waitingBytes = 0
   #overflowed = false
+  /** Set while waiting for the client to get back within maxBufferedBytes. */
+  #onRoom: (() => void) | undefined
+
+  /**
+   * Passed with every write: runs once that write has gone to the kernel.
+   * 'drain' alone is not enough: it comes only after a write past the
+   * socket's high-water mark (16 KiB before Node 22, 64 KiB since), which
+   * can lie above maxBufferedBytes.
+   */
+  readonly #flushed = () => {
+    if (this.#onRoom !== undefined && this.response.writableLength <= this.options.maxBufferedBytes) this.#onRoom()
+  }
 
   constructor (
     readonly response: ServerResponse,
     readonly filter: EventFilter,
     startId: number,
-    readonly options: SubscriberOptions
+    readonly options: SubscriberOptions,
+    readonly format: StreamFormat = EVENT_STREAM_FORMAT
   ) {
     this.lastId = startId
   }
@@ -56,8 +104,7 @@ export class Subscriber {
   }
 
   matches (event: StoredEvent): boolean {
-    return (this.filter.runId === undefined || this.filter.runId === event.runId) &&
-      (this.filter.threadId === undefined || this.filter.threadId === event.threadId)
+    return matchesFilter(this.filter, event)
   }
 
   /** A live event from the hub: sent now, or kept until catch-up ends. */
@@ -113,7 +160,7 @@ export class Subscriber {
     let text = KEEP_ALIVE
     if (head > this.lastId) {
       this.lastId = head
-      text = `id: ${head}\n\n${text}`
+      text = this.format.position(head) + text
     }
     this.write(text)
   }
@@ -122,13 +169,13 @@ export class Subscriber {
   send (event: StoredEvent): boolean {
     if (event.id <= this.lastId) return true
     this.lastId = event.id
-    return this.write(eventFrame(event))
+    return this.write(this.format.event(event, this.isLive))
   }
 
   write (text: string): boolean {
     if (this.closed) return true
     this.lastWriteAt = Date.now()
-    return this.response.write(text)
+    return this.response.write(text, this.#flushed)
   }
 
   /** Ends the stream cleanly (shutdown): the client reconnects, elsewhere or later. */
@@ -146,6 +193,7 @@ export class Subscriber {
     this.#waiting = undefined
     this.#waitingBytes = 0
     for (const event of waiting) this.send(event)
+    if (this.format.live !== undefined) this.write(this.format.live(this.lastId))
     return true
   }
 
@@ -155,13 +203,16 @@ export class Subscriber {
     void this.#drained().then((drained) => drained ? this.catchUp() : undefined)
   }
 
-  /** Waits for the client to drain; false (and disconnected) if it does not within slowClientMs. */
+  /**
+   * Waits for the client to get back within maxBufferedBytes; false (and
+   * disconnected) if it does not within slowClientMs.
+   */
   #drained (): Promise<boolean> {
     if (this.closed) return Promise.resolve(false)
     return new Promise((resolve) => {
       const finish = (drained: boolean) => {
         clearTimeout(timer)
-        this.response.off('drain', onDrain)
+        this.#onRoom = undefined
         this.response.off('close', onClose)
         if (!drained && !this.closed) {
           this.options.onDrop(this, 'the client is not reading')
@@ -169,10 +220,9 @@ export class Subscriber {
         }
         resolve(drained && !this.closed)
       }
-      const onDrain = () => finish(true)
       const onClose = () => finish(false)
       const timer = setTimeout(() => finish(false), this.options.slowClientMs)
-      this.response.on('drain', onDrain)
+      this.#onRoom = () => finish(true)
       this.response.on('close', onClose)
     })
   }

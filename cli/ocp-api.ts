@@ -1,0 +1,324 @@
+/*
+ * `ocp-api`: the API from a terminal or a CI job, built on ocp-api-client.
+ * Tables for people, JSON for programs (--json); progress and errors go to
+ * stderr, one line each, never a stack trace. Exit codes: 0 success, 1 a
+ * failure (or `wait` ended in a status not in --ok), 2 a usage error, an
+ * unknown id or a refused token, 3 a timeout.
+ */
+import { parseArgs, type ParseArgsConfig } from 'node:util'
+import { ApiError, createClient, type Client, type Event, type RunDetail, type RunListItem, type StreamStatus } from '../client/src/index.js'
+import { MAX_PAGE_LIMIT } from '../schemas/api.js'
+
+export const EXIT = { ok: 0, failed: 1, usage: 2, timeout: 3 } as const
+
+export interface Io {
+  stdout: (text: string) => void
+  stderr: (text: string) => void
+  env: Record<string, string | undefined>
+  /** Colour only on a terminal. */
+  color: boolean
+  /** Aborted on Ctrl-C: a command stops cleanly. */
+  signal?: AbortSignal
+}
+
+const DEFAULT_URL = 'http://127.0.0.1:8080'
+
+const COMMON = `Options of every command:
+  --url URL      the service (default: $OCP_API_URL, else ${DEFAULT_URL})
+  --token TOKEN  a bearer token (default: $OCP_API_TOKEN)
+  --help         this command's help`
+
+const USAGE = {
+  main: `Usage: ocp-api COMMAND [options]
+
+Commands:
+  runs            list runs, newest first
+  run RUN_ID      a run: its task counts, tasks and blocked tasks
+  watch           live events, one line each
+  wait RUN_ID     wait (on the event stream) until a run reaches a status
+
+Exit codes: 0 success; 1 failure (wait: the run ended in a status not in --ok);
+2 usage error, unknown run or refused token; 3 timeout.
+
+${COMMON}
+Run ocp-api COMMAND --help for a command's options.`,
+  runs: `Usage: ocp-api runs [--status S[,S...]] [--limit N] [--cursor C] [--json]
+
+Runs, newest first. --status keeps runs in any of the statuses given (the
+orchestrator's strings). When more remain, the next page's command is printed
+to stderr.
+
+  --status S[,S...]  only runs in these statuses
+  --limit N          at most N runs (1 to ${MAX_PAGE_LIMIT})
+  --cursor C         the page after page key C (printed with the previous page)
+  --json             the response body as JSON
+
+${COMMON}`,
+  run: `Usage: ocp-api run RUN_ID [--json]
+
+A run: its status, task counts, tasks and blocked tasks.
+
+  --json   the response body as JSON
+
+${COMMON}`,
+  watch: `Usage: ocp-api watch [--run RUN_ID] [--thread THREAD_ID] [--after N] [--json]
+
+Live events, one line each, until interrupted. Resumes after the last event
+received when the connection drops.
+
+  --run RUN_ID        only this run's events
+  --thread THREAD_ID  only this thread's events
+  --after N           start after event N (0: every event kept); default: from now
+  --json              each event as one line of JSON (NDJSON)
+
+${COMMON}`,
+  wait: `Usage: ocp-api wait RUN_ID --until STATUS[,STATUS...] [--ok STATUS[,STATUS...]] [--timeout DURATION]
+
+Waits, on the event stream (never polling), until the run's status is one of
+--until, then prints the run as JSON to stdout. Progress goes to stderr.
+Exit 0 when that status is in --ok (or --ok is not given), 1 when it is not,
+2 on a usage error, an unknown run or a refused token, 3 on timeout.
+
+  --until S[,S...]    the statuses to wait for (the orchestrator's strings)
+  --ok S[,S...]       the statuses that mean success
+  --timeout DURATION  give up after it: 90s, 10m, 1h, 500ms (a bare number is seconds)
+
+${COMMON}`
+}
+
+type Command = keyof typeof USAGE
+
+class UsageError extends Error {
+  constructor (message: string, readonly command: Command) { super(message) }
+}
+
+const common = {
+  url: { type: 'string' },
+  token: { type: 'string' },
+  help: { type: 'boolean' }
+} as const satisfies ParseArgsConfig['options']
+
+const commandOptions = {
+  runs: { ...common, status: { type: 'string' }, limit: { type: 'string' }, cursor: { type: 'string' }, json: { type: 'boolean' } },
+  run: { ...common, json: { type: 'boolean' } },
+  watch: { ...common, run: { type: 'string' }, thread: { type: 'string' }, after: { type: 'string' }, json: { type: 'boolean' } },
+  wait: { ...common, until: { type: 'string' }, ok: { type: 'string' }, timeout: { type: 'string' } }
+} as const satisfies Record<Exclude<Command, 'main'>, ParseArgsConfig['options']>
+
+/** A duration: 90s, 10m, 1h, 500ms; a bare number is seconds. */
+export function parseDuration (text: string): number | undefined {
+  const match = /^(\d+(?:\.\d+)?)(ms|s|m|h)?$/.exec(text.trim())
+  if (match === null) return undefined
+  const unit = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[match[2] as 'ms' | 's' | 'm' | 'h' ?? 's']
+  return Number(match[1]) * unit
+}
+
+const list = (text: string | undefined) => (text ?? '').split(',').map((item) => item.trim()).filter((item) => item !== '')
+
+function style (io: Io) {
+  const wrap = (code: string) => (text: string) => io.color ? `\u001b[${code}m${text}\u001b[0m` : text
+  return { bold: wrap('1'), dim: wrap('2') }
+}
+
+/** Columns padded to their widest cell; the last column is not padded. */
+function table (header: string[], rows: string[][], io: Io): string {
+  const widths = header.map((title, i) => Math.max(title.length, ...rows.map((row) => row[i]!.length)))
+  const line = (cells: string[]) => cells.map((cell, i) => i === cells.length - 1 ? cell : cell.padEnd(widths[i]!)).join('  ')
+  return [style(io).bold(line(header)), ...rows.map(line)].join('\n') + '\n'
+}
+
+const counts = (taskCounts: Record<string, number>) => Object.entries(taskCounts).sort(([a], [b]) => a.localeCompare(b)).map(([status, n]) => `${n} ${status}`).join(', ')
+
+function runsTable (runs: RunListItem[], io: Io): string {
+  return table(['RUN', 'STATUS', 'TASKS', 'CREATED', 'GOAL'], runs.map(({ run, task_counts: taskCounts, total_tasks: total }) =>
+    [run.run_id, run.status, total === 0 ? '0' : `${total} (${counts(taskCounts)})`, run.created_at, run.goal]), io)
+}
+
+function runText (detail: RunDetail, io: Io): string {
+  const { bold } = style(io)
+  const { run } = detail
+  const lines = [
+    `${bold('Run')} ${run.run_id}: ${run.goal}`,
+    `status   ${run.status}`,
+    `tasks    ${detail.total_tasks}${detail.total_tasks === 0 ? '' : ` (${counts(detail.task_counts)})`}`,
+    `created  ${run.created_at}`,
+    `updated  ${run.updated_at}`
+  ]
+  if (run.summary !== '') lines.push(`summary  ${run.summary}`)
+  let text = lines.join('\n') + '\n'
+  if (detail.tasks.length > 0) text += '\n' + table(['TASK', 'STATUS', 'PRIORITY', 'TITLE'], detail.tasks.map((task) => [task.task_id, task.status, task.priority, task.title]), io)
+  for (const blocked of detail.blocked_tasks) {
+    text += `\n${bold('Blocked')} ${blocked.task.task_id} (attempt ${blocked.attempt.attempt_no}, thread ${blocked.attempt.thread_id}): ${blocked.question.summary}\n`
+  }
+  return text
+}
+
+function eventLine (event: Event, io: Io): string {
+  const { dim } = style(io)
+  const where = [['run', event.run_id], ['task', event.task_id], ['thread', event.thread_id]].filter(([, value]) => value !== '').map(([name, value]) => `${name}=${value}`).join(' ')
+  return `${dim(String(event.event_id))}  ${dim(event.created_at)}  ${event.event_type}  ${where}${event.summary === '' ? '' : `  ${event.summary}`}\n`
+}
+
+/** Says what the stream is doing, on stderr, once per change. */
+function streamProgress (io: Io) {
+  let last = ''
+  return (status: StreamStatus) => {
+    const text = status.state === 'retrying'
+      /* c8 ignore next: a stream the service ended (a replica going away): the client's tests cover it */
+      ? `${status.error?.message ?? 'the stream ended'}; reconnecting in ${(status.delayMs / 1000).toFixed(1)} s`
+      : status.state === 'live' ? 'connected' : ''
+    if (text !== '' && text !== last) io.stderr(`ocp-api: ${text}\n`)
+    last = text
+  }
+}
+
+async function runsCommand (client: Client, values: Record<string, string | boolean | undefined>, io: Io): Promise<number> {
+  let limit: number | undefined
+  if (values.limit !== undefined) {
+    limit = Number(values.limit)
+    if (!Number.isInteger(limit) || limit < 1 || limit > MAX_PAGE_LIMIT) throw new UsageError(`--limit must be an integer from 1 to ${MAX_PAGE_LIMIT}, not "${values.limit}"`, 'runs')
+  }
+  const read = await client.runsRead({ status: list(values.status as string | undefined), limit, cursor: values.cursor as string | undefined })
+  io.stdout(values.json ? JSON.stringify(read.body) + '\n' : read.body.runs.length === 0 ? 'No runs.\n' : runsTable(read.body.runs, io))
+  if (read.next !== undefined) {
+    const again = ['ocp-api runs', values.status ? `--status ${values.status}` : '', limit ? `--limit ${limit}` : '', `--cursor ${read.next}`, values.json ? '--json' : ''].filter(Boolean).join(' ')
+    io.stderr(`ocp-api: more runs: ${again}\n`)
+  }
+  return EXIT.ok
+}
+
+async function runCommand (client: Client, runId: string, json: boolean, io: Io): Promise<number> {
+  const body = await client.run(runId)
+  io.stdout(json ? JSON.stringify(body) + '\n' : runText(body.run, io))
+  return EXIT.ok
+}
+
+async function watchCommand (client: Client, values: Record<string, string | boolean | undefined>, io: Io): Promise<number> {
+  let after: number | undefined
+  if (values.after !== undefined) {
+    after = /^\d{1,16}$/.test(values.after as string) ? Number(values.after) : Number.NaN
+    if (!Number.isSafeInteger(after)) throw new UsageError(`--after must be an event id (a non-negative integer), not "${values.after}"`, 'watch')
+  }
+  const filter = { ...(values.run ? { run_id: values.run as string } : {}), ...(values.thread ? { thread_id: values.thread as string } : {}) }
+  const events = client.watch(filter, { after, signal: io.signal, onStatus: streamProgress(io) })
+  for await (const event of events) io.stdout(values.json ? JSON.stringify(event) + '\n' : eventLine(event, io))
+  return EXIT.ok
+}
+
+async function waitCommand (client: Client, runId: string, values: Record<string, string | boolean | undefined>, io: Io): Promise<number> {
+  const until = list(values.until as string | undefined)
+  if (until.length === 0) throw new UsageError('--until is required: the statuses to wait for, comma-separated', 'wait')
+  const ok = values.ok === undefined ? undefined : list(values.ok as string)
+  let timeoutMs: number | undefined
+  if (values.timeout !== undefined) {
+    timeoutMs = parseDuration(values.timeout as string)
+    if (timeoutMs === undefined) throw new UsageError(`--timeout must be a duration such as 90s, 10m, 1h or 500ms, not "${values.timeout}"`, 'wait')
+  }
+  const progress = streamProgress(io)
+  return await new Promise<number>((resolve) => {
+    let lastStatus: string | undefined
+    const finish = (code: number) => {
+      clearTimeout(timer)
+      io.signal?.removeEventListener('abort', interrupted)
+      live.close()
+      resolve(code)
+    }
+    const interrupted = () => finish(EXIT.failed)
+    const timer = timeoutMs === undefined
+      ? undefined
+      : setTimeout(() => {
+        io.stderr(`ocp-api: timed out after ${values.timeout}: run ${runId} is ${lastStatus === undefined ? 'not read yet' : `still ${lastStatus}`}, waiting for ${until.join(', ')}\n`)
+        finish(EXIT.timeout)
+      }, timeoutMs)
+    const live = client.liveRun(runId, ({ run: detail }) => {
+      const { status } = detail.run
+      if (status !== lastStatus) io.stderr(`ocp-api: run ${runId} is ${status}${until.includes(status) ? '' : `, waiting for ${until.join(', ')}`}\n`)
+      lastStatus = status
+      if (!until.includes(status)) return
+      io.stdout(JSON.stringify(detail) + '\n')
+      const success = ok === undefined || ok.includes(status)
+      if (!success) io.stderr(`ocp-api: run ${runId} ended ${status}, not ${ok!.join(' or ')}\n`)
+      finish(success ? EXIT.ok : EXIT.failed)
+    }, {
+      onStatus: (status) => {
+        // A read that cannot get through reports its error here as it retries.
+        if (status.state === 'retrying' && status.error?.transient === false) return
+        progress(status)
+      },
+      onError: (error) => {
+        io.stderr(`ocp-api: ${error.message}\n`)
+        finish(exitCodeOf(error))
+      }
+    })
+    io.signal?.addEventListener('abort', interrupted, { once: true })
+  })
+}
+
+/** 2 for what the caller must fix (a bad request, an unknown id, a refused token), else 1. */
+const exitCodeOf = (error: ApiError) => error.status === 400 || error.status === 401 || error.status === 404 ? EXIT.usage : EXIT.failed
+
+/** Runs the command line `argv` (without node and the script); resolves to the exit code. */
+export async function main (argv: string[], io: Io): Promise<number> {
+  let command: Command = 'main'
+  try {
+    const [first, ...rest] = argv
+    if (first === undefined || first === '--help' || first === '-h' || first === 'help') {
+      io.stdout(USAGE.main + '\n')
+      return first === undefined ? EXIT.usage : EXIT.ok
+    }
+    if (!(first in commandOptions)) throw new UsageError(`unknown command "${first}"`, 'main')
+    command = first as Command
+    const { values, positionals } = parseArgs({ args: rest, options: commandOptions[command as Exclude<Command, 'main'>], allowPositionals: true, strict: true })
+    if (values.help) {
+      io.stdout(USAGE[command] + '\n')
+      return EXIT.ok
+    }
+    const needsId = command === 'run' || command === 'wait'
+    if (positionals.length !== (needsId ? 1 : 0)) {
+      throw new UsageError(needsId ? `${command} takes one RUN_ID${positionals.length > 1 ? `, not ${positionals.length} arguments` : ''}` : `${command} takes no argument, not "${positionals.join(' ')}"`, command)
+    }
+    const url = (values.url as string | undefined) ?? (io.env.OCP_API_URL || DEFAULT_URL)
+    if (!/^https?:\/\/[^/]/.test(url)) throw new UsageError(`--url must be an http(s) URL, not "${url}"`, command)
+    const token = (values.token as string | undefined) ?? (io.env.OCP_API_TOKEN || undefined)
+    const client = createClient({ url, ...(token ? { token } : {}) })
+    const v = values as Record<string, string | boolean | undefined>
+    switch (command) {
+      case 'runs': return await runsCommand(client, v, io)
+      case 'run': return await runCommand(client, positionals[0]!, Boolean(v.json), io)
+      case 'watch': return await watchCommand(client, v, io)
+      default: return await waitCommand(client, positionals[0]!, v, io)
+    }
+  } catch (error) {
+    if (error instanceof ApiError) {
+      io.stderr(`ocp-api: ${error.message}\n`)
+      return exitCodeOf(error)
+    }
+    if (error instanceof UsageError || (error as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {
+      // parseArgs adds advice on positionals starting with '-' after the first sentence: the usage says enough.
+      const message = (error as Error).message.split('. To specify')[0]
+      io.stderr(`ocp-api: ${message}\n\n${USAGE[error instanceof UsageError ? error.command : command]}\n`)
+      return EXIT.usage
+    }
+    /* c8 ignore next 2: a bug; still one line, with the stack only when asked for */
+    io.stderr(`ocp-api: unexpected error: ${(error as Error).message}${io.env.OCP_API_DEBUG ? `\n${(error as Error).stack}` : ''}\n`)
+    return EXIT.failed
+  }
+}
+
+/** The process's side of main: its arguments, streams and environment; exits with the code. */
+/* c8 ignore start: run as a process by the bin tests, whose coverage is not collected */
+export async function run (): Promise<void> {
+  const controller = new AbortController()
+  process.once('SIGINT', () => controller.abort())
+  process.once('SIGTERM', () => controller.abort())
+  const code = await main(process.argv.slice(2), {
+    stdout: (text) => { process.stdout.write(text) },
+    stderr: (text) => { process.stderr.write(text) },
+    env: process.env,
+    color: Boolean(process.stdout.isTTY) && !process.env.NO_COLOR,
+    signal: controller.signal
+  })
+  process.exitCode = code
+  process.stdout.write('', () => process.exit(code))
+}
+/* c8 ignore stop */

@@ -1,0 +1,73 @@
+import { badRequest } from '../../../errors.js'
+import type { StreamFormat } from './subscriber.js'
+
+/*
+ * The Durable Streams read path's wire (CONTRACT section 9): offsets, cursors, the SSE format.
+ *
+ * An offset is a settled position (an event id, CONTRACT section 5) written
+ * as 11 base-36 digits, zero-padded: short, URL-safe, and ordered
+ * lexicographically as the log is (2^53 needs 11 digits). It depends on
+ * nothing but the id, so any replica resumes an offset another handed out.
+ */
+
+const OFFSET_DIGITS = 11
+const OFFSET_PATTERN = /^[0-9a-z]{11}$/
+
+/** Where a Durable Streams read starts: after a position, at the oldest event kept (`-1`), or at the tail (`now`). */
+export type StreamOffset = number | 'oldest' | 'now'
+
+export const encodeOffset = (position: number) => position.toString(36).padStart(OFFSET_DIGITS, '0')
+
+/** The `offset` query parameter; absent means `-1`. A malformed one is a 400. */
+export function parseOffset (text: string | undefined): StreamOffset {
+  if (text === undefined || text === '-1') return 'oldest'
+  if (text === 'now') return 'now'
+  const position = OFFSET_PATTERN.test(text) ? parseInt(text, 36) : NaN
+  if (!Number.isSafeInteger(position)) throw badRequest('offset is not valid: pass -1, now, or a Stream-Next-Offset this service sent')
+  return position
+}
+
+/** The protocol's default interval cursor: 20 s intervals counted from 2024-10-09T00:00:00Z. */
+const CURSOR_EPOCH_MS = Date.UTC(2024, 9, 9)
+const CURSOR_INTERVAL_MS = 20_000
+/** An echoed cursor still current moves on by 1 s to 3600 s (the protocol's jitter), in intervals. */
+const MAX_JITTER_INTERVALS = 3600_000 / CURSOR_INTERVAL_MS
+
+const CURSOR_PATTERN = /^[0-9]{1,15}$/
+
+/** The `cursor` query parameter (the Stream-Cursor a client echoes). A malformed one is a 400. */
+export function parseCursor (text: string | undefined): number | undefined {
+  if (text === undefined) return undefined
+  if (!CURSOR_PATTERN.test(text)) throw badRequest('cursor is not valid: echo the Stream-Cursor this service sent')
+  return Number(text)
+}
+
+/**
+ * The Stream-Cursor of a live answer: the current interval's number, or,
+ * when the client echoed one at or past it, a strictly greater one, so
+ * that a cache never hands the same answer back in a loop.
+ */
+export function streamCursor (now: number, echoed: number | undefined, random = Math.random): string {
+  const current = Math.floor((now - CURSOR_EPOCH_MS) / CURSOR_INTERVAL_MS)
+  if (echoed === undefined || echoed < current) return String(current)
+  return String(echoed + 1 + Math.floor(random() * MAX_JITTER_INTERVALS))
+}
+
+/** A `control` event of the protocol's SSE mode: where the client is, and whether that is the head. */
+const controlEvent = (position: number, cursor: string, upToDate: boolean) =>
+  `event: control\ndata: {"streamNextOffset":"${encodeOffset(position)}","streamCursor":"${cursor}","upToDate":${upToDate}}\n\n`
+
+/**
+ * The protocol's SSE format (JSON mode): each event a `data` event holding
+ * a one-message array, then a `control` event; a quiet stream's position
+ * and its going live are `control` events alone. `head` is the hub's
+ * settled head (a stream that goes live has everything up to it); `cursor`
+ * gives the Stream-Cursor of each control event.
+ */
+export function durableSseFormat (head: () => number, cursor: () => string): StreamFormat {
+  return {
+    event: (event, live) => `event: data\ndata: [${event.json}]\n\n${controlEvent(event.id, cursor(), live)}`,
+    position: (position) => controlEvent(position, cursor(), true),
+    live: (position) => controlEvent(Math.max(position, head()), cursor(), true)
+  }
+}

@@ -1,0 +1,53 @@
+import { matchesFilter, type EventFilter, type StoredEvent } from '../../../db/events.js'
+import type { Listener } from './subscriber.js'
+
+/**
+ * One long-poll request of the Durable Streams read path, waiting in
+ * memory: the hub offers it each matching event as it polls (no query per
+ * waiter) and tells it when a poll has handed out everything up to its
+ * head. It keeps at most `limit` events after `afterId`, and is done as
+ * soon as a poll ends with one kept, or when its time is up.
+ */
+export class Waiter implements Listener {
+  readonly events: StoredEvent[] = []
+  #done: (() => void) | undefined
+
+  constructor (readonly filter: EventFilter, readonly afterId: number, readonly limit: number) {}
+
+  matches (event: StoredEvent): boolean {
+    return matchesFilter(this.filter, event)
+  }
+
+  offer (event: StoredEvent): void {
+    if (event.id > this.afterId && this.events.length < this.limit) this.events.push(event)
+  }
+
+  /** A poll has handed out everything up to the head: answer if anything came. */
+  settled (): void {
+    if (this.events.length > 0) this.#done?.()
+  }
+
+  /** Ends the wait now (the hub stops). */
+  release (): void {
+    this.#done?.()
+  }
+
+  /**
+   * Resolves once events came (at once if some already did), after
+   * `timeoutMs`, or when `signal` aborts (the client went away).
+   */
+  wait (timeoutMs: number, signal: AbortSignal): Promise<void> {
+    if (this.events.length > 0 || signal.aborted) return Promise.resolve()
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => this.#done?.(), timeoutMs)
+      const onAbort = () => this.#done?.()
+      signal.addEventListener('abort', onAbort, { once: true })
+      this.#done = () => {
+        this.#done = undefined
+        clearTimeout(timer)
+        signal.removeEventListener('abort', onAbort)
+        resolve()
+      }
+    })
+  }
+}

@@ -1,0 +1,178 @@
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
+import type { FastifyReply } from 'fastify'
+import { Type, type Static } from 'typebox'
+import { streamSubjectExists, type EventFilter } from '../../db/events.js'
+import { ApiError, notFound } from '../../errors.js'
+import { durableSseFormat, encodeOffset, parseCursor, parseOffset, streamCursor } from '../../plugins/app/events/durable.js'
+import type { StreamPage } from '../../plugins/app/events/hub.js'
+import { NO_STORE } from '../../plugins/app/http-cache.js'
+import { commonErrors, ConditionalHeaders, errorResponse, RunParams, ThreadParams } from '../../schemas/api.js'
+
+/*
+ * The event log under the Durable Streams protocol, read path only
+ * (CONTRACT section 9): /api/streams/events, /runs/{run_id} and
+ * /threads/{thread_id}; catch-up, long-poll and SSE. Everything is served
+ * by the events plugin's one poller, fan-out and settled head; this file
+ * parses, validates and writes the protocol's headers.
+ */
+
+/** How long a run or thread found to exist is remembered, so that a crowd of long-polls costs no query each. */
+const KNOWN_SUBJECT_MS = 60_000
+/** The most subjects remembered (then the memory starts over). */
+const MAX_KNOWN_SUBJECTS = 100_000
+
+const DurableStreamQuery = Type.Object({
+  offset: Type.Optional(Type.String({ description: 'Where to read from: `-1` (the default) the oldest event kept, `now` the tail, or a `Stream-Next-Offset` this service sent (any replica\'s)' })),
+  live: Type.Optional(Type.Union([Type.Literal('long-poll'), Type.Literal('sse')], { description: 'Absent: catch-up (a page, at once). `long-poll`: wait for events (at most STREAMS_LONG_POLL_MS). `sse`: a Server-Sent Events stream' })),
+  cursor: Type.Optional(Type.String({ description: 'The last `Stream-Cursor` received (echoed so that caches collapse requests)' }))
+})
+
+const streamHeaders = {
+  'stream-next-offset': Type.String({ description: 'Where the next read starts: a settled position, as an opaque offset' }),
+  'stream-up-to-date': Type.String({ enum: ['true'], description: 'Present (`true`) when the answer reaches the head of the log' }),
+  'stream-cursor': Type.String({ description: 'Live answers only: the interval cursor to echo as `cursor`' }),
+  etag: Type.String({ description: 'Pages only (not offset=now, 204, SSE): a strong tag; If-None-Match with it answers 304' }),
+  'cache-control': Type.String({ description: 'Pages: `public, max-age=60, stale-while-revalidate=300` (`private` with API_TOKENS); `offset=now`, 204, HEAD: `no-store`; SSE: `no-cache`' })
+}
+
+const streamErrors = {
+  ...commonErrors,
+  404: errorResponse('`not_found`: no such run or thread'),
+  410: errorResponse('`cursor_expired`: the offset is older than the event history kept (EVENTS_RETENTION); read again from offset=-1')
+}
+
+const readResponses = {
+  200: {
+    description: 'A JSON array of Event envelopes (catch-up and long-poll), or, with live=sse, a text/event-stream of `data` events (arrays of envelopes) each followed by a `control` event `{streamNextOffset, streamCursor, upToDate}`',
+    content: {
+      'application/json': { schema: Type.Array(Type.Ref('Event')) },
+      'text/event-stream': { schema: Type.String() }
+    },
+    headers: streamHeaders
+  },
+  204: Type.Null({ description: 'Long-poll: no event arrived in time; Stream-Next-Offset, Stream-Up-To-Date and Stream-Cursor say where to poll next. Never cached', headers: streamHeaders }),
+  304: Type.Null({ description: 'Not Modified: the page would be the one If-None-Match names' }),
+  ...streamErrors
+}
+
+const STREAMS = [
+  { url: '/streams/events', name: 'Events', what: 'every event', params: undefined, filter: (): EventFilter => ({}) },
+  { url: '/streams/runs/:runID', name: 'Run', what: 'the events of one run', params: RunParams, filter: (params: { runID?: string }): EventFilter => ({ runId: params.runID! }) },
+  { url: '/streams/threads/:threadID', name: 'Thread', what: 'the events of one thread', params: ThreadParams, filter: (params: { threadID?: string }): EventFilter => ({ threadId: params.threadID! }) }
+] as const
+
+const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const hub = app.events
+  const { STREAMS_LONG_POLL_MS, STREAMS_SSE_MAX_MS } = app.config
+  /** Runs and threads found to exist, and when (they are not deleted while watched; a minute bounds the error). */
+  const known = new Map<string, number>()
+
+  async function checkExists (filter: EventFilter): Promise<void> {
+    const key = filter.runId !== undefined ? `r${filter.runId}` : filter.threadId !== undefined ? `t${filter.threadId}` : undefined
+    if (key === undefined) return
+    const now = Date.now()
+    if ((known.get(key) ?? -Infinity) > now - KNOWN_SUBJECT_MS) return
+    if (!await streamSubjectExists(app.db, filter)) throw notFound(filter.runId !== undefined ? 'run' : 'thread')
+    /* c8 ignore next: the memory bound, reached after 100,000 distinct runs and threads within a minute */
+    if (known.size >= MAX_KNOWN_SUBJECTS) known.clear()
+    known.set(key, now)
+  }
+
+  /** The protocol says `offset`, and to start again from -1: the 410 says so, not the event stream's advice. */
+  function renameExpired (err: unknown): never {
+    if (err instanceof ApiError && err.code === 'cursor_expired') {
+      throw new ApiError('cursor_expired', 'offset is older than the event history kept (events before it are gone, EVENTS_RETENTION): read again from offset=-1')
+    }
+    throw err
+  }
+
+  /** A page with data, or a catch-up page: the JSON array, its offsets, an ETag covering both, cacheable by its URL. */
+  function sendPage (reply: FastifyReply, page: StreamPage) {
+    const next = encodeOffset(page.next)
+    reply.header('stream-next-offset', next)
+    if (page.upToDate) reply.header('stream-up-to-date', 'true')
+    return reply.sendCacheable(`[${page.events.map((event) => event.json).join(',')}]`, 'stream', next)
+  }
+
+  async function read (query: Static<typeof DurableStreamQuery>, reply: FastifyReply, filter: EventFilter) {
+    const offset = parseOffset(query.offset)
+    const cursor = parseCursor(query.cursor)
+    const { live } = query
+    await checkExists(filter)
+    if (live === 'sse') {
+      const start = offset === 'now' ? 'tail' : offset === 'oldest' ? 'oldest' : { afterId: offset, name: 'offset' }
+      const format = durableSseFormat(() => hub.head!, () => streamCursor(Date.now(), cursor))
+      return hub.open(reply, filter, start, { format, maxMs: STREAMS_SSE_MAX_MS }).catch(renameExpired)
+    }
+    if (live === 'long-poll') {
+      const gone = new AbortController()
+      reply.raw.once('close', () => gone.abort())
+      const page = await hub.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, gone.signal).catch(renameExpired)
+      reply.header('stream-cursor', streamCursor(Date.now(), cursor))
+      if (page.events.length > 0) return sendPage(reply, page)
+      return reply.code(204).header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')
+        .header('cache-control', NO_STORE).send()
+    }
+    const page = await hub.page(offset, filter, 'offset', true).catch(renameExpired)
+    if (offset !== 'now') return sendPage(reply, page)
+    // The tail moves: never cached, no ETag (the protocol's rule for offset=now).
+    return reply.header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')
+      .header('cache-control', NO_STORE).type('application/json; charset=utf-8').send('[]')
+  }
+
+  const notAllowed = new ApiError('method_not_allowed', 'this stream is read-only (GET and HEAD): the orchestrator writes the event log, never a client')
+
+  for (const stream of STREAMS) {
+    const params = stream.params === undefined ? {} : { params: stream.params }
+    app.get(stream.url, {
+      exposeHeadRoute: false,
+      sse: { kind: 'manual' },
+      // A transient refusal of an SSE read is answered as a retry, as on the event stream.
+      config: { eventStream: (request) => (request.query as { live?: string }).live === 'sse' },
+      schema: {
+        operationId: `readDurableStream${stream.name}`,
+        tags: ['streams'],
+        summary: `Durable Streams: ${stream.what}`,
+        description: 'The event log under the Durable Streams protocol (read path; CONTRACT section 9): any Durable Streams client reads it. Each message is an Event envelope, in ascending event_id, exactly once. Offsets are opaque, ordered, and valid on every replica.',
+        ...params,
+        querystring: DurableStreamQuery,
+        headers: ConditionalHeaders,
+        response: readResponses
+      }
+    }, async (request, reply) => read(request.query, reply, stream.filter(request.params as Record<string, string>)))
+
+    app.head(stream.url, {
+      schema: {
+        operationId: `headDurableStream${stream.name}`,
+        tags: ['streams'],
+        summary: `Durable Streams: the tail of ${stream.what}`,
+        ...params,
+        response: { 200: Type.Null({ description: 'The stream exists; Stream-Next-Offset is its tail. `no-store`', headers: { 'stream-next-offset': streamHeaders['stream-next-offset'] } }), ...streamErrors }
+      }
+    }, async (request, reply) => {
+      const filter = stream.filter(request.params as Record<string, string>)
+      await checkExists(filter)
+      const page = await hub.page('now', filter, 'offset', true)
+      return reply.header('stream-next-offset', encodeOffset(page.next)).header('cache-control', NO_STORE)
+        .type('application/json; charset=utf-8').send()
+    })
+
+    app.route({
+      method: ['POST', 'PUT', 'PATCH', 'DELETE'],
+      url: stream.url,
+      schema: {
+        operationId: `writeDurableStream${stream.name}`,
+        tags: ['streams'],
+        summary: 'Writes are not allowed: 405',
+        ...params,
+        response: { 405: errorResponse('`method_not_allowed`: the stream is read-only') }
+      },
+      handler: async (_request, reply) => {
+        reply.header('allow', 'GET, HEAD')
+        throw notAllowed
+      }
+    })
+  }
+}
+
+export default durableStreamRoutes

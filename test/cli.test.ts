@@ -1,0 +1,247 @@
+import type { FastifyInstance } from 'fastify'
+import t, { type Test } from 'tap'
+import { EXIT, main, parseDuration, type Io } from '../cli/ocp-api.js'
+import type { Config } from '../config.js'
+import { build } from './helpers/app.js'
+import { insertGraph, makeRun, makeTask, makeAttempt, makeThread, makeMessage, writer } from './helpers/fixtures.js'
+import { insertEvents } from './helpers/sse.js'
+import { spawn } from 'node:child_process'
+import { createServer } from 'node:http'
+import { once } from 'node:events'
+import { root } from './helpers/run.js'
+import { freePort, sleep, waitUntil } from './helpers/wait.js'
+
+// The ocp-api command: its commands against the real service, in process
+// (main with captured output), and the bin as a user runs it.
+
+t.before(() => insertGraph({
+  runs: [makeRun({ run_id: 'run-cli', goal: 'Ship the CLI', status: 'running' }), makeRun({ run_id: 'run-done', status: 'done' })],
+  tasks: [
+    makeTask({ run_id: 'run-cli', task_id: 'task-1', title: 'Write it', status: 'done' }),
+    makeTask({ run_id: 'run-cli', task_id: 'task-2', title: 'Ask', status: 'blocked', latest_attempt_no: 1 })
+  ],
+  task_attempts: [makeAttempt({ run_id: 'run-cli', task_id: 'task-2', thread_id: 'thread-cli' })],
+  threads: [makeThread({ run_id: 'run-cli', task_id: 'task-2', thread_id: 'thread-cli' })],
+  messages: [makeMessage({ thread_id: 'thread-cli', message_id: 'msg-cli', kind: 'question', summary: 'Which way?' })]
+}))
+
+async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: FastifyInstance, url: string }> {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50, SSE_RETRY_MS: 100, ...overrides })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  return { app, url: `http://127.0.0.1:${(app.server.address() as { port: number }).port}` }
+}
+
+interface Ran { code: number, stdout: string, stderr: string }
+
+/** Runs main with captured output; `during` runs once it started. */
+async function cli (args: string[], env: Record<string, string> = {}, options: { color?: boolean, signal?: AbortSignal } = {}): Promise<Ran> {
+  const out = { stdout: '', stderr: '' }
+  const io: Io = { stdout: (text) => { out.stdout += text }, stderr: (text) => { out.stderr += text }, env, color: options.color ?? false, ...(options.signal ? { signal: options.signal } : {}) }
+  const code = await main(args, io)
+  return { code, ...out }
+}
+
+async function setRunStatus (runId: string, status: string) {
+  const db = await writer()
+  await db.transaction().execute(async (trx) => {
+    await trx.updateTable('runs').set({ status, updated_at: new Date() }).where('run_id', '=', runId).execute()
+    await trx.insertInto('events').values({ event_type: 'run_status', run_id: runId, summary: status }).execute()
+  })
+}
+
+t.test('--help on every command; usage errors are exit 2 with the usage, never a stack trace', async (t) => {
+  const help = await cli(['--help'])
+  t.equal(help.code, EXIT.ok)
+  t.match(help.stdout, /Usage: ocp-api COMMAND/)
+  for (const command of ['runs', 'run', 'watch', 'wait']) {
+    const { code, stdout } = await cli([command, '--help'])
+    t.equal(code, 0)
+    t.match(stdout, new RegExp(`^Usage: ocp-api ${command}`), `${command} --help`)
+  }
+  t.equal((await cli([])).code, EXIT.usage, 'no command')
+  for (const [args, message] of [
+    [['launch'], /unknown command "launch"/],
+    [['runs', '--bogus'], /^ocp-api: Unknown option '--bogus'\n\nUsage: ocp-api runs/],
+    [['runs', '--limit', '0'], /--limit must be an integer from 1 to 1000, not "0"/],
+    [['runs', 'extra'], /runs takes no argument, not "extra"/],
+    [['run'], /run takes one RUN_ID/],
+    [['run', 'a', 'b'], /run takes one RUN_ID, not 2 arguments/],
+    [['watch', '--after=-1'], /--after must be an event id/],
+    [['wait', 'run-cli'], /--until is required/],
+    [['wait', 'run-cli', '--until', 'done', '--timeout', '3 weeks'], /--timeout must be a duration such as 90s, 10m, 1h or 500ms, not "3 weeks"/],
+    [['runs', '--url', 'ftp://x'], /--url must be an http\(s\) URL/]
+  ] as Array<[string[], RegExp]>) {
+    const ran = await cli(args)
+    t.equal(ran.code, EXIT.usage, args.join(' '))
+    t.match(ran.stderr, message)
+    t.notMatch(ran.stderr, /\n {4}at /, 'no stack trace')
+  }
+  t.same([parseDuration('90s'), parseDuration('10m'), parseDuration('1h'), parseDuration('500ms'), parseDuration('2.5'), parseDuration('x')], [90_000, 600_000, 3_600_000, 500, 2500, undefined])
+})
+
+t.test('runs and run: tables for people, --json for programs; paging; errors in one line', async (t) => {
+  const { url } = await serve(t)
+  const env = { OCP_API_URL: url }
+  const table = await cli(['runs'], env)
+  t.equal(table.code, 0)
+  t.match(table.stdout, /^RUN +STATUS +TASKS +CREATED +GOAL\n/)
+  t.match(table.stdout, /run-cli +running +2 \(1 blocked, 1 done\) +\S+ +Ship the CLI/)
+  const json = await cli(['runs', '--json', '--status', 'done,failed'], env)
+  t.same(JSON.parse(json.stdout).runs.map((item: { run: { run_id: string } }) => item.run.run_id), ['run-done'], '--status filters')
+  const paged = await cli(['runs', '--limit', '1', '--url', url])
+  t.match(paged.stderr, /^ocp-api: more runs: ocp-api runs --limit 1 --cursor \S+\n$/)
+  const cursor = /--cursor (\S+)/.exec(paged.stderr)![1]!
+  const filtered = await cli(['runs', '--limit', '1', '--status', 'running,done', '--json'], env)
+  t.match(filtered.stderr, /^ocp-api: more runs: ocp-api runs --status running,done --limit 1 --cursor \S+ --json\n$/, 'the hint keeps the filter and --json')
+  // Without --limit, a next page (the service's default page size) gives the bare hint.
+  const paging = createServer((_request, response) => {
+    response.writeHead(200, { 'content-type': 'application/json', link: '</api/runs?cursor=k2>; rel="next"' }).end('{"runs":[]}')
+  })
+  await new Promise<void>((resolve) => paging.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => paging.close())
+  const bare = await cli(['runs', '--url', `http://127.0.0.1:${(paging.address() as { port: number }).port}`])
+  t.equal(bare.stderr, 'ocp-api: more runs: ocp-api runs --cursor k2\n')
+  const second = await cli(['runs', '--limit', '1', '--cursor', cursor, '--json'], env)
+  t.equal(JSON.parse(second.stdout).runs.length, 1)
+  t.equal((await cli(['runs', '--status', 'nothing-has-it'], env)).stdout, 'No runs.\n')
+  const colored = await cli(['runs'], env, { color: true })
+  t.match(colored.stdout, /^\u001b\[1mRUN/, 'bold headers on a terminal')
+
+  const run = await cli(['run', 'run-cli'], env)
+  t.equal(run.code, 0)
+  t.match(run.stdout, /^Run run-cli: Ship the CLI\nstatus   running\ntasks    2 \(1 blocked, 1 done\)/)
+  t.match(run.stdout, /TASK +STATUS +PRIORITY +TITLE\ntask-1 +done/)
+  t.match(run.stdout, /Blocked task-2 \(attempt 1, thread thread-cli\): Which way\?/)
+  t.equal(JSON.parse((await cli(['run', 'run-cli', '--json'], env)).stdout).run.run.run_id, 'run-cli')
+  t.match((await cli(['run', 'run-done'], env)).stdout, /\ntasks    0\n/, 'a run with no tasks')
+  const filteredPage = await cli(['runs', '--limit', '1', '--status', 'running,done', '--json'], env)
+  t.match(filteredPage.stderr, /^ocp-api: more runs: ocp-api runs --status running,done --limit 1 --cursor \S+ --json\n$/)
+
+  const missing = await cli(['run', 'no-such-run'], env)
+  t.equal(missing.code, EXIT.usage, 'an unknown run is exit 2')
+  t.match(missing.stderr, new RegExp(`^ocp-api: run not found \\(HTTP 404 not_found, ${url}/api/runs/no-such-run\\)\\n$`))
+  const down = await cli(['runs', '--url', `http://127.0.0.1:${await freePort()}`])
+  t.equal(down.code, EXIT.failed)
+  t.match(down.stderr, /^ocp-api: cannot reach the service: ECONNREFUSED \(no answer network, http:\/\/127\.0\.0\.1:\d+\/api\/runs\)\n$/)
+})
+
+t.test('a refused token is exit 2; --token and OCP_API_TOKEN are sent', async (t) => {
+  const { url } = await serve(t, { API_TOKENS: 'ci-token' })
+  const refused = await cli(['runs', '--url', url])
+  t.equal(refused.code, EXIT.usage)
+  t.match(refused.stderr, /HTTP 401 unauthorized/)
+  t.equal((await cli(['runs', '--url', url, '--token', 'ci-token'])).code, 0)
+  t.equal((await cli(['run', 'run-cli'], { OCP_API_URL: url, OCP_API_TOKEN: 'ci-token' })).code, 0)
+  const waiting = await cli(['wait', 'run-cli', '--until', 'done', '--url', url, '--token', 'wrong'])
+  t.equal(waiting.code, EXIT.usage, 'wait with a refused token')
+})
+
+t.test('watch: one line per event, NDJSON with --json, until interrupted', async (t) => {
+  const { url } = await serve(t)
+  const [base] = await insertEvents({ run_id: 'run-cli' })
+  const [a, , b] = await insertEvents({ run_id: 'run-cli', event_type: 'task_done', task_id: 'task-1', summary: 'done at last' }, { run_id: 'other' }, { run_id: 'run-cli', thread_id: 'thread-cli', event_type: 'thread_reply' })
+  const controller = new AbortController()
+  const out: string[] = []
+  const io: Io = { stdout: (text) => out.push(text), stderr: () => {}, env: { OCP_API_URL: url }, color: false, signal: controller.signal }
+  const watching = main(['watch', '--run', 'run-cli', '--after', String(base)], io)
+  await waitUntil(() => out.length === 2, 'two lines')
+  controller.abort()
+  t.equal(await watching, 0)
+  t.match(out[0], new RegExp(`^${a}  \\S+  task_done  run=run-cli task=task-1  done at last\\n$`))
+  t.match(out[1], new RegExp(`^${b}  \\S+  thread_reply  run=run-cli thread=thread-cli\\n$`))
+
+  const json = new AbortController()
+  const lines: string[] = []
+  const ndjson = main(['watch', '--thread', 'thread-cli', '--after', String(base), '--json'], { ...io, stdout: (text) => lines.push(text), signal: json.signal })
+  await waitUntil(() => lines.length === 1, 'one line')
+  json.abort()
+  await ndjson
+  t.equal(JSON.parse(lines[0]!).event_id, b)
+})
+
+t.test('wait: on the stream until the status is in --until; exit 0 in --ok, 1 outside it, 3 on timeout', async (t) => {
+  const { url } = await serve(t)
+  const env = { OCP_API_URL: url }
+  await insertGraph({ runs: [makeRun({ run_id: 'run-wait', status: 'running' }), makeRun({ run_id: 'run-fail', status: 'running' })] })
+
+  const already = await cli(['wait', 'run-done', '--until', 'done,failed', '--ok', 'done'], env)
+  t.equal(already.code, EXIT.ok, 'already there')
+  t.equal(JSON.parse(already.stdout).run.run_id, 'run-done', 'the final run as JSON')
+
+  const requests: string[] = []
+  const waiting = cli(['wait', 'run-wait', '--until', 'done,failed', '--ok', 'done', '--timeout', '20s'], env)
+  await sleep(300)
+  await setRunStatus('run-wait', 'dispatching') // not yet
+  await sleep(200)
+  await setRunStatus('run-wait', 'done')
+  const done = await waiting
+  t.equal(done.code, EXIT.ok)
+  t.equal(JSON.parse(done.stdout).run.status, 'done')
+  t.match(done.stderr, /run run-wait is running, waiting for done, failed\n(.*\n)*ocp-api: run run-wait is dispatching, waiting for done, failed\n(.*\n)*ocp-api: run run-wait is done\n/)
+  t.same(requests, [])
+
+  const failing = cli(['wait', 'run-fail', '--until', 'done,failed', '--ok', 'done'], env)
+  await sleep(300)
+  await setRunStatus('run-fail', 'failed')
+  const failed = await failing
+  t.equal(failed.code, EXIT.failed, 'a status outside --ok')
+  t.match(failed.stderr, /run run-fail ended failed, not done\n/)
+  t.equal(JSON.parse(failed.stdout).run.status, 'failed')
+
+  const started = Date.now()
+  const timedOut = await cli(['wait', 'run-cli', '--until', 'done', '--timeout', '700ms'], env)
+  t.equal(timedOut.code, EXIT.timeout)
+  t.ok(Date.now() - started < 5000, 'on time')
+  t.match(timedOut.stderr, /timed out after 700ms: run run-cli is still running, waiting for done/)
+  t.equal(timedOut.stdout, '')
+
+  const unknown = await cli(['wait', 'no-such-run', '--until', 'done'], env)
+  t.equal(unknown.code, EXIT.usage, 'an unknown run')
+  t.match(unknown.stderr, /^ocp-api: run not found \(HTTP 404 not_found/)
+
+  const unreachable = await cli(['wait', 'run-cli', '--until', 'done', '--timeout', '1s', '--url', `http://127.0.0.1:${await freePort()}`])
+  t.equal(unreachable.code, EXIT.timeout, 'a service that never answers: exit 3, not a hang')
+  t.match(unreachable.stderr, /cannot reach the service: ECONNREFUSED/)
+  t.match(unreachable.stderr, /timed out after 1s: run run-cli is not read yet/)
+
+  const controller = new AbortController()
+  const interrupted = cli(['wait', 'run-cli', '--until', 'done'], env, { signal: controller.signal })
+  await sleep(200)
+  controller.abort()
+  t.equal((await interrupted).code, EXIT.failed, 'interrupted')
+})
+
+/**
+ * Runs the bin as a user does: a plain node, none of this test process's
+ * loaders. Its coverage is off (tap's process tracking would record it
+ * anyway): the bin compiles the sources with tsx, and mixing that
+ * compilation's coverage with the tests' own garbles the report for every
+ * file both load (errors.ts, schemas/api.ts, client/src); main is covered
+ * in process above.
+ */
+async function runBin (args: string[], env: Record<string, string>): Promise<{ code: number | null, stdout: string, stderr: string }> {
+  const child = spawn(process.execPath, [`${root}/bin/ocp-api.js`, ...args], { cwd: root, env: { PATH: process.env.PATH ?? '', _TAPJS_PROCESSINFO_COVERAGE_: '0', ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+  let stdout = ''
+  let stderr = ''
+  child.stdout.on('data', (chunk) => { stdout += chunk })
+  child.stderr.on('data', (chunk) => { stderr += chunk })
+  const [code] = await once(child, 'exit')
+  return { code: code as number | null, stdout, stderr }
+}
+
+t.test('the bin: npx ocp-api --help, and a wait as CI runs it', async (t) => {
+  const { url } = await serve(t)
+  const help = await runBin(['wait', '--help'], {})
+  t.equal(help.code, 0)
+  t.match(help.stdout, /^Usage: ocp-api wait RUN_ID/)
+  await insertGraph({ runs: [makeRun({ run_id: 'run-bin', status: 'running' })] })
+  const waiting = runBin(['wait', 'run-bin', '--until', 'done', '--timeout', '30s'], { OCP_API_URL: url })
+  await sleep(1500)
+  await setRunStatus('run-bin', 'done')
+  const done = await waiting
+  t.equal(done.code, 0, done.stderr)
+  t.equal(JSON.parse(done.stdout).run.status, 'done')
+  const usage = await runBin(['wait', 'run-bin'], {})
+  t.equal(usage.code, 2)
+  t.notMatch(usage.stderr, / at /, 'no stack trace')
+})

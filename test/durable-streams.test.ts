@@ -1,0 +1,338 @@
+import { stream, type JsonBatch } from '@durable-streams/client'
+import type { FastifyInstance } from 'fastify'
+import t, { type Test } from 'tap'
+import type { Config } from '../config.js'
+import { CATCH_UP_PAGE_SIZE } from '../plugins/app/events/hub.js'
+import { encodeOffset } from '../plugins/app/events/durable.js'
+import { Waiter } from '../plugins/app/events/waiter.js'
+import { build } from './helpers/app.js'
+import { sql } from 'kysely'
+import { insertGraph, makeAttempt, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
+import { insertEvents, makeEvent } from './helpers/sse.js'
+import { sleep, waitUntil } from './helpers/wait.js'
+
+// The event log under the Durable Streams protocol (CONTRACT section 9),
+// read with the official client (@durable-streams/client) and raw HTTP.
+
+interface Envelope { event_id: number, run_id: string, thread_id: string }
+
+async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: FastifyInstance, url: string }> {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, STREAMS_LONG_POLL_MS: 1000, ...overrides })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  return { app, url: `http://127.0.0.1:${port}` }
+}
+
+const ids = (events: Envelope[]) => events.map((event) => event.event_id)
+
+t.before(async () => {
+  await insertGraph({
+    runs: [makeRun({ run_id: 'ds-a' }), makeRun({ run_id: 'ds-b' })],
+    tasks: [makeTask({ run_id: 'ds-a', task_id: 'ds-task' })],
+    task_attempts: [makeAttempt({ run_id: 'ds-a', task_id: 'ds-task', thread_id: 'ds-thread' })],
+    threads: [makeThread({ run_id: 'ds-a', task_id: 'ds-task', thread_id: 'ds-thread' })]
+  })
+})
+
+t.test('catch-up: a JSON array of envelopes, its offsets, an ETag and 304, the cache-control of section 9', async (t) => {
+  const { url } = await serve(t)
+  const written = await insertEvents({ run_id: 'ds-a' }, { run_id: 'ds-b' }, { run_id: 'ds-a' })
+  const first = await fetch(`${url}/api/streams/runs/ds-a?offset=${encodeOffset(written[0]! - 1)}`)
+  t.equal(first.status, 200)
+  t.match(first.headers.get('content-type'), /^application\/json/)
+  t.equal(first.headers.get('cache-control'), 'public, max-age=60, stale-while-revalidate=300')
+  t.equal(first.headers.get('stream-up-to-date'), 'true')
+  const body = await first.json() as Envelope[]
+  t.same(ids(body), [written[0], written[2]])
+  const next = first.headers.get('stream-next-offset')!
+  t.match(next, /^[0-9a-z]{11}$/)
+  t.ok(next >= encodeOffset(written[2]!), 'the next offset is at or past the last event')
+  const tag = first.headers.get('etag')!
+  const again = await fetch(`${url}/api/streams/runs/ds-a?offset=${encodeOffset(written[0]! - 1)}`, { headers: { 'if-none-match': tag } })
+  t.equal(again.status, 304, 'a repeated catch-up is 304')
+  const rest = await fetch(`${url}/api/streams/runs/ds-a?offset=${next}`)
+  t.same(await rest.json(), [], 'nothing after the next offset')
+  t.equal(rest.headers.get('stream-next-offset'), next)
+})
+
+/** Reads a stream live with the official client until `done`, then cancels it; returns the envelopes and the last offset. */
+async function readLive (t: Test, streamUrl: string, live: 'long-poll' | 'sse', offset: string, done: (got: Envelope[]) => boolean, headers: Record<string, string> = {}) {
+  const response = await stream<Envelope>({ url: streamUrl, offset, live, headers, warnOnHttp: false })
+  const got: Envelope[] = []
+  let last = offset
+  const unsubscribe = response.subscribeJson((batch: JsonBatch<Envelope>) => {
+    got.push(...batch.items)
+    last = batch.offset
+  })
+  t.teardown(() => { unsubscribe(); response.cancel() })
+  return {
+    got,
+    offset: () => last,
+    until: async (what: string) => { await waitUntil(() => done(got), what, 10_000) },
+    stop: () => { unsubscribe(); response.cancel() }
+  }
+}
+
+t.test('the client: a catch-up longer than one page arrives whole, ascending', async (t) => {
+  const { url } = await serve(t)
+  const run = 'ds-long'
+  await insertGraph({ runs: [makeRun({ run_id: run })] })
+  const written = await insertEvents(...Array.from({ length: CATCH_UP_PAGE_SIZE * 2 + 7 }, () => ({ run_id: run })))
+  await insertEvents({ run_id: 'ds-b' })
+  // live: false reads one response only (the client's choice); json() in a live mode reads until up to date.
+  const response = await stream<Envelope>({ url: `${url}/api/streams/runs/${run}`, offset: '-1', live: 'long-poll', warnOnHttp: false })
+  const all = await response.json()
+  t.same(ids(all), written, `all ${written.length} events, in order, none of another run`)
+  t.equal(response.upToDate, true)
+})
+
+for (const live of ['long-poll', 'sse'] as const) {
+  t.test(`the client, live=${live}: a run's new events once each, ascending, none of another run; resuming from a saved offset misses nothing`, async (t) => {
+    const { url } = await serve(t)
+    const streamUrl = `${url}/api/streams/runs/ds-a`
+    const tail = (await fetch(`${streamUrl}?offset=now`)).headers.get('stream-next-offset')!
+    const written: number[] = []
+    const reader = await readLive(t, streamUrl, live, tail, (got) => got.length >= 3)
+    for (let i = 0; i < 3; i++) {
+      written.push(...await insertEvents({ run_id: 'ds-a' }, { run_id: 'ds-b' }))
+      await sleep(30)
+    }
+    await reader.until('three events')
+    const ofA = written.filter((_, i) => i % 2 === 0)
+    t.same(ids(reader.got), ofA, 'each event of the run once, ascending, none of the other run')
+    t.ok(reader.got.every((event) => event.run_id === 'ds-a'))
+    const saved = reader.offset()
+    reader.stop()
+
+    const missed = await insertEvents({ run_id: 'ds-a' }, { run_id: 'ds-a' })
+    const resumed = await readLive(t, streamUrl, live, saved, (got) => got.length >= 3)
+    missed.push(...await insertEvents({ run_id: 'ds-a' }))
+    await resumed.until('the missed events and one more')
+    t.same(ids(resumed.got), missed, 'resumed from the saved offset: nothing missed, nothing repeated')
+    resumed.stop()
+  })
+}
+
+t.test('the client: 8 writers committing out of order lose and duplicate nothing', async (t) => {
+  const { url } = await serve(t)
+  const run = 'ds-writers'
+  await insertGraph({ runs: [makeRun({ run_id: run })] })
+  const tail = (await fetch(`${url}/api/streams/runs/${run}?offset=now`)).headers.get('stream-next-offset')!
+  const total = 8 * 5
+  const poller = await readLive(t, `${url}/api/streams/runs/${run}`, 'long-poll', tail, (got) => got.length >= total)
+  const sse = await readLive(t, `${url}/api/streams/runs/${run}`, 'sse', tail, (got) => got.length >= total)
+  const db = await writer()
+  // Each writer draws its ids, then holds its transaction open a random while: commits land out of id order.
+  await Promise.all(Array.from({ length: 8 }, async () => {
+    for (let i = 0; i < 5; i++) {
+      await db.transaction().execute(async (trx) => {
+        await trx.insertInto('events').values(makeEvent({ run_id: run })).execute()
+        await sleep(Math.random() * 40)
+      })
+    }
+  }))
+  await poller.until('every event by long-poll')
+  await sse.until('every event by SSE')
+  const committed = (await db.selectFrom('events').select('event_id').where('run_id', '=', run).orderBy('event_id').execute()).map((row) => Number(row.event_id))
+  t.equal(committed.length, total)
+  t.same(ids(poller.got), committed, 'long-poll: every event once, ascending')
+  t.same(ids(sse.got), committed, 'SSE: every event once, ascending')
+})
+
+t.test('retention: an offset below the floor is 410 cursor_expired; -1 then starts at the oldest kept', async (t) => {
+  const { app, url } = await serve(t, { EVENTS_WINDOW_BYTES: 0, STREAMS_SSE_MAX_MS: 1000 })
+  const run = 'ds-floor'
+  await insertGraph({ runs: [makeRun({ run_id: run })] })
+  const written = await insertEvents(...Array.from({ length: 4 }, () => ({ run_id: run })))
+  // The hub has read them: an SSE read from -1 then meets the rows below the floor.
+  await waitUntil(() => (app.events.head ?? 0) >= written.at(-1)!, 'the hub to read the events')
+  const db = await writer()
+  await sql`update event_log_state set history_floor = ${written[1]!}`.execute(db)
+  t.teardown(async () => { await sql`update event_log_state set history_floor = 0`.execute(db) })
+  for (const live of ['', '&live=long-poll', '&live=sse']) {
+    const gone = await fetch(`${url}/api/streams/runs/${run}?offset=${encodeOffset(written[0]!)}${live}`)
+    t.equal(gone.status, 410, `410${live}`)
+    t.match(await gone.json(), { error: { code: 'cursor_expired', message: /offset=-1/ } })
+  }
+  const response = await stream<Envelope>({ url: `${url}/api/streams/runs/${run}`, offset: '-1', live: false, warnOnHttp: false })
+  t.same(ids(await response.json()), written.slice(2), '-1: from the oldest event kept')
+  const sse = await readLive(t, `${url}/api/streams/runs/${run}`, 'sse', '-1', (got) => got.length >= 2)
+  await sse.until('the events kept, by SSE from -1')
+  t.same(ids(sse.got), written.slice(2))
+  // The client catches up before it opens SSE; raw, SSE itself starts at -1.
+  const raw = await (await fetch(`${url}/api/streams/runs/${run}?offset=-1&live=sse`)).text()
+  t.same([...raw.matchAll(/^event: data\ndata: (.*)$/gm)].flatMap((match) => ids(JSON.parse(match[1]!) as Envelope[])), written.slice(2), 'raw SSE from -1: the events kept')
+  const empty = await (await fetch(`${url}/api/streams/events?offset=-1&live=sse`)).text()
+  t.match(empty, /event: control/, 'every event, from -1, over rows at or below the floor that linger')
+  // A run all above the floor: SSE from -1 starts with the rows it read.
+  await insertGraph({ runs: [makeRun({ run_id: 'ds-above' })] })
+  const above = await insertEvents({ run_id: 'ds-above' }, { run_id: 'ds-above' })
+  await waitUntil(() => (app.events.head ?? 0) >= above.at(-1)!, 'the hub to read them')
+  const fresh = await (await fetch(`${url}/api/streams/runs/ds-above?offset=-1&live=sse`)).text()
+  t.same([...fresh.matchAll(/^event: data\ndata: (.*)$/gm)].flatMap((match) => ids(JSON.parse(match[1]!) as Envelope[])), above, 'raw SSE from -1, no row below the floor')
+  // A long-poll behind the hub's head answers from its own catch-up at once.
+  const behind = await fetch(`${url}/api/streams/runs/ds-above?offset=${encodeOffset(above[0]!)}&live=long-poll`)
+  t.equal(behind.status, 200)
+  t.same(ids(await behind.json() as Envelope[]), above.slice(1), 'a long-poll behind the head: its catch-up')
+})
+
+t.test('tokens through the client\'s headers; the protocol\'s headers readable from another origin', async (t) => {
+  const { url } = await serve(t, { API_TOKENS: 'secret-ds', CORS_ORIGINS: 'https://ui.example' })
+  const streamUrl = `${url}/api/streams/runs/ds-a`
+  const refused = await fetch(`${streamUrl}?offset=-1`)
+  t.equal(refused.status, 401)
+  const response = await stream<Envelope>({ url: streamUrl, offset: '-1', live: false, headers: { authorization: 'Bearer secret-ds' }, warnOnHttp: false })
+  t.ok(Array.isArray(await response.json()), 'the client reads with its token')
+  const page = await fetch(`${streamUrl}?offset=-1`, { headers: { authorization: 'Bearer secret-ds', origin: 'https://ui.example' } })
+  t.equal(page.headers.get('cache-control'), 'private, max-age=60, stale-while-revalidate=300', 'never public with tokens')
+  t.equal(page.headers.get('access-control-allow-origin'), 'https://ui.example')
+  const exposed = page.headers.get('access-control-expose-headers')!.toLowerCase()
+  for (const name of ['stream-next-offset', 'stream-up-to-date', 'stream-cursor', 'stream-closed', 'etag']) t.ok(exposed.includes(name), `${name} is exposed`)
+})
+
+t.test('raw: offset=now, an idle long-poll\'s 204, the interval cursor, HEAD', async (t) => {
+  const { app, url } = await serve(t, { STREAMS_LONG_POLL_MS: 1000 })
+  const streamUrl = `${url}/api/streams/runs/ds-a`
+  const now = await fetch(`${streamUrl}?offset=now`)
+  t.equal(now.status, 200)
+  t.same(await now.json(), [])
+  t.equal(now.headers.get('cache-control'), 'no-store')
+  t.equal(now.headers.get('stream-up-to-date'), 'true')
+  t.notOk(now.headers.get('etag'), 'no ETag for offset=now')
+  const tail = now.headers.get('stream-next-offset')!
+  t.equal(tail, encodeOffset(app.events.head!))
+
+  const idle = await fetch(`${streamUrl}?offset=${tail}&live=long-poll`)
+  t.equal(idle.status, 204)
+  t.equal(idle.headers.get('stream-next-offset'), tail)
+  t.equal(idle.headers.get('stream-up-to-date'), 'true')
+  t.equal(idle.headers.get('cache-control'), 'no-store', 'a 204 is never cached')
+  const cursor = Number(idle.headers.get('stream-cursor'))
+  t.ok(cursor > 0)
+  const echoed = await fetch(`${streamUrl}?offset=now&live=long-poll&cursor=${cursor}`)
+  t.equal(echoed.status, 204, 'offset=now long-polls at once')
+  t.ok(Number(echoed.headers.get('stream-cursor')) > cursor, 'a cursor echoed within its interval comes back greater')
+  const old = await fetch(`${streamUrl}?offset=now&live=long-poll&cursor=1`)
+  const current = Number(old.headers.get('stream-cursor'))
+  t.ok(current >= cursor && current <= cursor + 1, 'an old cursor: the current interval (the next one, if it began meanwhile)')
+
+  const waiting = fetch(`${streamUrl}?offset=${tail}&live=long-poll`)
+  await sleep(50)
+  const [written] = await insertEvents({ run_id: 'ds-a' })
+  const woken = await waiting
+  t.equal(woken.status, 200)
+  t.same(ids(await woken.json() as Envelope[]), [written])
+  t.equal(woken.headers.get('cache-control'), 'public, max-age=60, stale-while-revalidate=300', 'a 200 is cacheable by its URL')
+  t.ok(woken.headers.get('etag'))
+  t.ok(woken.headers.get('stream-cursor'))
+
+  const head = await fetch(streamUrl, { method: 'HEAD' })
+  t.equal(head.status, 200)
+  t.equal(head.headers.get('cache-control'), 'no-store')
+  t.ok(head.headers.get('stream-next-offset')! >= encodeOffset(written!))
+  t.equal((await fetch(`${url}/api/streams/runs/nope`, { method: 'HEAD' })).status, 404)
+  t.equal((await fetch(`${url}/api/streams/events`, { method: 'HEAD' })).status, 200)
+})
+
+t.test('raw: SSE control events; the server ends the stream after STREAMS_SSE_MAX_MS', async (t) => {
+  const { url } = await serve(t, { STREAMS_SSE_MAX_MS: 1500 })
+  const streamUrl = `${url}/api/streams/threads/ds-thread`
+  const before = await insertEvents({ run_id: 'ds-a', thread_id: 'ds-thread' })
+  const response = await fetch(`${streamUrl}?offset=${encodeOffset(before[0]! - 1)}&live=sse`)
+  t.equal(response.status, 200)
+  t.equal(response.headers.get('content-type'), 'text/event-stream')
+  const reading = response.text()
+  await sleep(100)
+  const [live] = await insertEvents({ run_id: 'ds-a', thread_id: 'ds-thread' }, { run_id: 'ds-a', thread_id: 'other' })
+  const text = await reading
+  const events = [...text.matchAll(/^event: (\w+)\ndata: (.*)$/gm)].map((match) => ({ type: match[1], data: JSON.parse(match[2]!) as unknown }))
+  t.same(events.filter((event) => event.type === 'data').map((event) => ids(event.data as Envelope[])), [[before[0]], [live]], 'one data event per event of the thread, none of another')
+  const controls = events.filter((event) => event.type === 'control').map((event) => event.data as { streamNextOffset: string, streamCursor: string, upToDate: boolean })
+  t.match(controls[0], { streamNextOffset: encodeOffset(before[0]!), upToDate: false }, 'a control after the catch-up\'s event')
+  t.ok(controls.every((control) => /^[0-9a-z]{11}$/.test(control.streamNextOffset) && /^\d+$/.test(control.streamCursor)))
+  t.ok(controls.some((control) => control.upToDate && control.streamNextOffset === encodeOffset(live!)), 'live: upToDate with the event\'s offset')
+  t.ok(text.startsWith('retry: '), 'retry: first, as on the event stream')
+})
+
+t.test('bad input: a clear envelope, never a 500; writes are 405', async (t) => {
+  const { url } = await serve(t)
+  const cases: Array<[string, number, string]> = [
+    ['/api/streams/events?offset=xyz', 400, 'bad_request'],
+    ['/api/streams/events?offset=zzzzzzzzzzz', 400, 'bad_request'],
+    ['/api/streams/events?offset=-2', 400, 'bad_request'],
+    ['/api/streams/events?live=poll', 400, 'bad_request'],
+    ['/api/streams/events?offset=now&live=long-poll&cursor=abc', 400, 'bad_request'],
+    ['/api/streams/runs/no-such-run', 404, 'not_found'],
+    ['/api/streams/threads/no-such-thread?live=sse', 404, 'not_found'],
+    [`/api/streams/runs/${'x'.repeat(10_000)}`, 404, 'not_found'],
+    ['/api/streams/runs/%00', 400, 'bad_request'],
+    ['/api/streams/threads/%F0%9F%98%80%2F..', 404, 'not_found']
+  ]
+  for (const [path, status, code] of cases) {
+    const response = await fetch(`${url}${path}`)
+    t.equal(response.status, status, path.slice(0, 80))
+    t.match(await response.json(), { error: { code } })
+  }
+  for (const method of ['POST', 'PUT', 'PATCH', 'DELETE']) {
+    const response = await fetch(`${url}/api/streams/runs/ds-a`, { method, body: method === 'DELETE' ? undefined : '[]', headers: method === 'DELETE' ? {} : { 'content-type': 'application/json' } })
+    t.equal(response.status, 405, method)
+    t.equal(response.headers.get('allow'), 'GET, HEAD')
+    t.match(await response.json(), { error: { code: 'method_not_allowed' } })
+  }
+})
+
+t.test('raw: SSE from now with a quiet filter: the first control event is the tail, up to date; heartbeats move the offset', async (t) => {
+  const { app, url } = await serve(t, { SSE_KEEPALIVE_MS: 150, STREAMS_SSE_MAX_MS: 1200 })
+  // Its headers are sent once it has read the tail.
+  const response = await fetch(`${url}/api/streams/threads/ds-thread?offset=now&live=sse`)
+  const tail = app.events.head!
+  const reading = response.text()
+  const [elsewhere] = await insertEvents({ run_id: 'ds-b', thread_id: 'not-this-one' })
+  const text = await reading
+  const controls = [...text.matchAll(/^event: control\ndata: (.*)$/gm)].map((match) => JSON.parse(match[1]!) as { streamNextOffset: string, upToDate: boolean })
+  t.same(controls[0], { ...controls[0], streamNextOffset: encodeOffset(tail), upToDate: true }, 'first: the tail, up to date')
+  t.ok(controls.some((control) => control.streamNextOffset >= encodeOffset(elsewhere!)), 'a quiet stream\'s offset moves past events it does not carry')
+  t.notMatch(text, /event: data/, 'no data: nothing of this thread')
+})
+
+t.test('raw: long-poll from -1 on an empty stream waits, then gets the first event; shutting down answers the waiters', async (t) => {
+  const { app, url } = await serve(t, { STREAMS_LONG_POLL_MS: 5000 })
+  const thread = 'ds-quiet-thread'
+  await insertGraph({ threads: [makeThread({ run_id: 'ds-a', task_id: 'ds-task', thread_id: thread })] })
+  const waiting = fetch(`${url}/api/streams/threads/${thread}?offset=-1&live=long-poll`)
+  await sleep(100)
+  const [first] = await insertEvents({ run_id: 'ds-a', thread_id: thread })
+  const woken = await waiting
+  t.equal(woken.status, 200)
+  t.same(ids(await woken.json() as Envelope[]), [first])
+
+  const next = woken.headers.get('stream-next-offset')!
+  const started = Date.now()
+  const parked = fetch(`${url}/api/streams/threads/${thread}?offset=${next}&live=long-poll`)
+  await waitUntil(() => app.events.waiting === 1, 'the long-poll to wait')
+  t.match((await app.inject('/metrics')).body, /^event_long_polls_waiting 1$/m, 'counted through /metrics')
+  await app.close()
+  const answer = await parked
+  t.equal(answer.status, 204, 'a waiter is answered when the service stops')
+  t.ok(Date.now() - started < 4000, 'without waiting for its timeout')
+})
+
+t.test('raw: an SSE read refused at SSE_MAX_STREAMS is a retry, as on the event stream', async (t) => {
+  const { app, url } = await serve(t, { SSE_MAX_STREAMS: 1 })
+  const controller = new AbortController()
+  t.teardown(() => controller.abort())
+  void fetch(`${url}/api/streams/events?offset=now&live=sse`, { signal: controller.signal }).then((response) => response.text()).catch(() => undefined)
+  await waitUntil(() => app.events.size === 1, 'the one slot taken')
+  const refused = await fetch(`${url}/api/streams/events?offset=now&live=sse`)
+  t.equal(refused.status, 200)
+  t.equal(refused.headers.get('content-type'), 'text/event-stream')
+  t.match(await refused.text(), /^retry: \d+\n: unavailable: /)
+})
+
+t.test('a waiter whose client is already gone does not wait', async (t) => {
+  const waiter = new Waiter({}, 0, 10)
+  const started = Date.now()
+  await waiter.wait(5000, AbortSignal.abort())
+  t.ok(Date.now() - started < 1000)
+  waiter.release() // nothing to release: harmless
+})

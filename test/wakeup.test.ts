@@ -1,0 +1,204 @@
+import { readFileSync, writeFileSync } from 'node:fs'
+import pg from 'pg'
+import { pino } from 'pino'
+import t from 'tap'
+import { migrateToLatest } from '../db/migrate.js'
+import { EventHub } from '../plugins/app/events/hub.js'
+import { isRefusal } from '../plugins/app/events/wakeup.js'
+import { build } from './helpers/app.js'
+import { ownCluster } from './helpers/cluster.js'
+import { needsServer, testDatabaseUrl, withDatabase } from './helpers/database.js'
+import { openStream, type RawStream } from './helpers/sse.js'
+import { READER_ROLE, standbySkipReason, startReplicatedPostgres } from './helpers/standby.js'
+import { sleep, waitUntil } from './helpers/wait.js'
+
+// The event wake-up (EVENTS_WAKEUP, plugins/app/events/wakeup.ts): new
+// events reach the streams as they commit, long before the safety net's
+// poll; a lost WAL stream degrades to polling and comes back by itself;
+// a database that refuses replication leaves the hub polling, logged once.
+
+const skip = needsServer('a Postgres server of its own that allows replication connections')
+
+interface LogLine { msg: string, level: number }
+const logTo = (lines: LogLine[]) => ({ level: 'info', stream: { write: (line: string) => { lines.push(JSON.parse(line)) } } })
+
+async function query (url: string, text: string): Promise<pg.QueryResultRow[]> {
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  try {
+    return (await client.query(text)).rows
+  } finally {
+    await client.end()
+  }
+}
+
+/** A writer's connection per database, kept open: the time measured below is the commit's and the delivery's, not a connection's. */
+const writers = new Map<string, Promise<pg.Client>>()
+t.teardown(async () => { for (const writer of writers.values()) await (await writer).end().catch(() => {}) })
+function writerOn (url: string): Promise<pg.Client> {
+  let writer = writers.get(url)
+  if (writer === undefined) {
+    const client = new pg.Client({ connectionString: url })
+    client.on('error', () => {}) // its server stops at the end of its subtest
+    writers.set(url, writer = client.connect().then(() => client))
+  }
+  return writer
+}
+
+/** Inserts one event and resolves with the ms from just before the insert (its commit) until `stream` received it. */
+async function deliveryMs (url: string, stream: RawStream, timeoutMs: number): Promise<number> {
+  const writer = await writerOn(url)
+  const started = Date.now()
+  const { rows: [row] } = await writer.query(`insert into events (event_type) values ('task_running') returning event_id`)
+  const id = Number(row!.event_id)
+  await stream.waitFor((s) => s.events().some((event) => event.event_id === id), timeoutMs)
+  return Date.now() - started
+}
+
+t.test('on a database that allows replication', { skip }, async (t) => {
+  const cluster = await ownCluster(t)
+  await migrateToLatest(cluster.url)
+  // The server asks for a status update after 0.5 s of silence and cuts the connection after 1 s without one.
+  await query(cluster.url, `alter system set wal_sender_timeout = '1s'`)
+  await query(cluster.url, 'select pg_reload_conf()')
+  const hbaFile = String((await query(cluster.url, 'show hba_file'))[0]!.hba_file)
+  const hba = readFileSync(hbaFile, 'utf8')
+  const setReplication = async (allowed: boolean) => {
+    writeFileSync(hbaFile, allowed ? hba : hba.split('\n').filter((line) => !/^\s*(local|host)\s+replication\s/.test(line)).join('\n'))
+    await query(cluster.url, 'select pg_reload_conf()')
+  }
+  t.teardown(() => setReplication(true).catch(() => {}))
+
+  const lines: LogLine[] = []
+  // The timed poll: every 60 s while the wake-up is live, every 1.5 s while it is not.
+  const app = await build(t, { DATABASE_URL: cluster.url, EVENTS_WAKEUP: 'wal', EVENTS_POLL_INTERVAL_MS: 1500, EVENTS_WAKEUP_POLL_INTERVAL_MS: 60_000 }, { logger: logTo(lines) })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  const wakeup = app.eventWakeup!
+  await waitUntil(() => wakeup.live, 'the wake-up streams WAL', 10_000)
+  const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream?after_event_id=0')
+  t.teardown(() => stream.close())
+  await sleep(200)
+
+  const live = await deliveryMs(cluster.url, stream, 5000)
+  t.ok(live < 500, `an event is delivered ${live} ms after its commit, where the next timed poll is up to 60 s away`)
+  t.ok(wakeup.wakes > 0, 'woken by WAL')
+
+  await sleep(2500)
+  t.ok(wakeup.live && wakeup.lost === 0, 'the connection outlives wal_sender_timeout (1 s): the server\'s keepalives are answered')
+
+  // The WAL sender killed, and replication refused for a while: the hub polls every 1.5 s.
+  await setReplication(false)
+  const walSenders = await query(cluster.url, `select pg_terminate_backend(pid) as ended from pg_stat_replication where application_name = 'ocp-api-wakeup'`)
+  t.equal(walSenders.length, 1, 'one WAL sender serves the wake-up')
+  await waitUntil(() => !wakeup.live, 'the wake-up notices')
+  t.equal(wakeup.lost, 1, 'the loss is counted')
+  const polled = await deliveryMs(cluster.url, stream, 5000)
+  t.pass(`while it is away, polling delivers (${polled} ms)`)
+  await sleep(2000) // reconnections are tried, and refused, meanwhile
+  const metrics = (await app.inject({ url: '/metrics' })).body
+  t.match(metrics, /^event_wakeup_live 0$/m, 'the metric says it is away')
+  t.match(metrics, /^event_wakeup_lost_total 1$/m, 'and counts the loss')
+
+  await setReplication(true)
+  await waitUntil(() => wakeup.live, 'the wake-up comes back by itself', 20_000)
+  const back = await deliveryMs(cluster.url, stream, 5000)
+  t.ok(back < 500, `and delivers as events commit again (${back} ms)`)
+  t.equal(lines.filter((line) => line.msg.startsWith('event wake-up lost its WAL stream')).length, 1, 'the outage is logged once, however many reconnections failed')
+  t.equal(lines.filter((line) => line.msg.startsWith('event wake-up is streaming WAL again')).length, 1, 'and its end once')
+  t.match((await app.inject({ url: '/metrics' })).body, /^event_wakeup_live 1$/m)
+  t.equal(stream.events().length, 3, 'every event once')
+})
+
+t.test('through a hot standby: the wake-up connects to the standby the hub reads from', { skip: standbySkipReason() }, async (t) => {
+  const pair = await startReplicatedPostgres(t)
+  const database = 'ocp_wakeup'
+  await pair.createDatabase(database)
+  const primary = withDatabase(pair.primaryUrl, database)
+  // The read role may stream WAL (it replicates to the standby, where the wake-up connects as it).
+  await query(pair.primaryUrl, `alter role ${READER_ROLE} replication`)
+  await migrateToLatest(primary)
+  await pair.waitForReplay()
+  const app = await build(t, {
+    DATABASE_URL: primary,
+    DATABASE_READ_URL: withDatabase(pair.readerUrl, database),
+    EVENTS_WAKEUP: 'wal',
+    EVENTS_POLL_INTERVAL_MS: 60_000,
+    EVENTS_WAKEUP_POLL_INTERVAL_MS: 60_000
+  })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  await waitUntil(() => app.eventWakeup!.live, 'the wake-up streams WAL', 10_000)
+  const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream?after_event_id=0')
+  t.teardown(() => stream.close())
+  await sleep(200)
+  const delays: number[] = []
+  for (let i = 0; i < 5; i++) delays.push(await deliveryMs(primary, stream, 5000))
+  t.ok(Math.max(...delays) < 500, `events committed on the primary reach a stream on the standby in ${delays.join(', ')} ms, where the next timed poll is up to 60 s away`)
+  t.match(pair.log('standby'), new RegExp(`replication connection authorized: user=${READER_ROLE} application_name=ocp-api-wakeup`), 'through the standby\'s WAL sender')
+  t.notMatch(pair.log('primary'), /ocp-api-wakeup/, 'not the primary\'s')
+
+  // The standby promoted: its WAL sender ends the stream at the end of the old timeline; the wake-up starts again on the new one.
+  const wakeup = app.eventWakeup!
+  await query(withDatabase(pair.standbyUrl, database), 'select pg_promote()')
+  await waitUntil(() => wakeup.lost === 1, 'the stream ends with the timeline', 10_000)
+  await waitUntil(() => wakeup.live, 'and starts again on the new one', 10_000)
+  const promoted = await deliveryMs(withDatabase(pair.standbyUrl, database), stream, 5000)
+  t.ok(promoted < 500, `events committed on the promoted standby are delivered as they commit (${promoted} ms)`)
+  t.equal(stream.events().length, 6, 'every event once')
+})
+
+t.test('on a database that refuses replication connections', { skip }, async (t) => {
+  const [rules] = await query(await testDatabaseUrl(), `select count(*) > 0 as allowed from pg_hba_file_rules where 'replication' = any(database)`)
+  if (rules!.allowed === true) {
+    t.pass('skipped: this server allows replication connections, so the refusal cannot be shown on it')
+    return
+  }
+  t.test('auto: polling alone, logged once', async (t) => {
+    const lines: LogLine[] = []
+    const app = await build(t, { EVENTS_WAKEUP: 'auto', EVENTS_POLL_INTERVAL_MS: 50 }, { logger: logTo(lines) })
+    const wakeup = app.eventWakeup!
+    await waitUntil(() => wakeup.refused, 'the refusal')
+    await sleep(1200)
+    t.equal(lines.filter((line) => line.msg.startsWith('event wake-up refused')).length, 1, 'logged once, and not tried again')
+    t.notOk(wakeup.live)
+    await app.listen({ port: 0, host: '127.0.0.1' })
+    const { port } = app.server.address() as { port: number }
+    const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream?after_event_id=0')
+    t.teardown(() => stream.close())
+    await deliveryMs(await testDatabaseUrl(), stream, 5000)
+    t.pass('events are delivered by polling')
+  })
+  t.test('wal: retried, logged once', async (t) => {
+    const lines: LogLine[] = []
+    const app = await build(t, { EVENTS_WAKEUP: 'wal' }, { logger: logTo(lines) })
+    const wakeup = app.eventWakeup!
+    await waitUntil(() => lines.some((line) => line.msg.startsWith('event wake-up cannot stream WAL')), 'the failure')
+    await sleep(1200) // retried after 0.5 s, then 1 s
+    t.equal(lines.filter((line) => line.msg.startsWith('event wake-up cannot stream WAL')).length, 1, 'logged once')
+    t.notOk(wakeup.refused || wakeup.live, 'still trying')
+  })
+})
+
+t.test('off: the hub only polls', async (t) => {
+  const app = await build(t, { EVENTS_WAKEUP: 'off' })
+  t.equal(app.eventWakeup, undefined)
+  t.notMatch((await app.inject({ url: '/metrics' })).body, /event_wakeup/, 'and /metrics has no wake-up series')
+})
+
+t.test('which failures are refusals', async (t) => {
+  for (const code of ['28000', '28P01', '42501', '08P01', '0A000']) t.ok(isRefusal(Object.assign(new Error(code), { code })), code)
+  for (const code of ['57P01', '57P03', '53300']) t.notOk(isRefusal(Object.assign(new Error(code), { code })), `${code}: not now`)
+  t.notOk(isRefusal(new Error('connect ECONNREFUSED')), 'a network failure: not now')
+})
+
+t.test('a wake-up after the hub stopped polls nothing', async (t) => {
+  const lines: LogLine[] = []
+  const log = pino({ level: 'info' }, { write: (line: string) => { lines.push(JSON.parse(line)) } })
+  // No database at all: a poll would fail, and say so.
+  const hub = new EventHub(undefined as never, { pollIntervalMs: 10, wakeupPollIntervalMs: 10, keepAliveMs: 1000, windowBytes: 0, maxStreams: 1, retryMs: 1000, maxBufferedBytes: 1024, slowClientMs: 1000, log })
+  hub.stop()
+  hub.wake()
+  await sleep(100)
+  t.same(lines, [])
+})
