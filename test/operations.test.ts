@@ -206,25 +206,29 @@ t.test('load shedding: a saturated event loop answers 503 at once; liveness stil
 })
 
 t.test('load shedding: a slow start is not load (the first requests after it are served)', async (t) => {
-  const app = await buildApp(await testConfig({ MAX_EVENT_LOOP_DELAY_MS: 20 }))
-  t.teardown(() => app.close())
-  // A start that compiles for a second, as on a busy machine: a plugin loaded
-  // after under-pressure's, so that its sampler records the block.
-  await app.register(async () => {
-    const until = Date.now() + 1000
-    while (Date.now() < until) { /* compiling */ }
-  })
-  await app.ready()
-  // Through the samples that record the start: requests are served while the
-  // measured delay is still the start's.
+  // The sample recording the start is reported for one sample interval
+  // (250 ms); on a busy machine the rest of the start (other plugins, the
+  // hub's first reads) can outlast it, and then nothing is left to observe:
+  // start again, a few times, until a request meets that sample.
   const statuses = new Set<number>()
   let servedUnderStartDelay = false
-  for (let tries = 0; tries < 20; tries++) {
-    const delayed = app.memoryUsage().eventLoopDelay > 20
-    const { statusCode } = await app.inject('/api/runs')
-    statuses.add(statusCode)
-    servedUnderStartDelay ||= delayed && statusCode === 200
-    await new Promise((resolve) => setTimeout(resolve, 20))
+  for (let start = 0; start < 5 && !servedUnderStartDelay; start++) {
+    const app = await buildApp(await testConfig({ MAX_EVENT_LOOP_DELAY_MS: 20 }))
+    // A start that compiles for a second, as on a busy machine: a plugin
+    // loaded after under-pressure's, so that its sampler records the block.
+    await app.register(async () => {
+      const until = Date.now() + 1000
+      while (Date.now() < until) { /* compiling */ }
+    })
+    await app.ready()
+    for (let tries = 0; tries < 20; tries++) {
+      const delayed = app.memoryUsage().eventLoopDelay > 20
+      const { statusCode } = await app.inject('/api/runs')
+      statuses.add(statusCode)
+      servedUnderStartDelay ||= delayed && statusCode === 200
+      await new Promise((resolve) => setTimeout(resolve, 20))
+    }
+    await app.close()
   }
   t.same([...statuses], [200])
   t.ok(servedUnderStartDelay, 'served while the sampled delay was the start\'s')
