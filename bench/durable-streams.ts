@@ -20,7 +20,7 @@ import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { migrateToLatest } from '../db/migrate.js'
-import { freePort, root } from './common.js'
+import { adminUrl as serverUrl, freePort, root, sleep, withDatabase } from './common.js'
 
 const { values: args } = parseArgs({
   options: {
@@ -39,13 +39,8 @@ const seconds = Number(args.seconds)
 const STATS_SETTLE_MS = Number(args['settle-ms'])
 const DATABASE = 'ocp_bench_ds'
 
-const adminUrl = process.env.DATABASE_URL
-if (adminUrl === undefined || adminUrl === '') {
-  console.error('bench: set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres)')
-  process.exit(2)
-}
-const databaseUrl = (() => { const url = new URL(adminUrl); url.pathname = `/${DATABASE}`; return url.toString() })()
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+const adminUrl = serverUrl()
+const databaseUrl = withDatabase(adminUrl, DATABASE)
 const percentile = (sorted: number[], p: number) => sorted.length === 0 ? Number.NaN : sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * p))]!
 const runId = (i: number) => `bench-ds-${i % runs}`
 
@@ -125,7 +120,11 @@ const port = await freePort()
 const service = await startService(port)
 const agent = new Agent({ keepAlive: true, maxSockets: Infinity })
 const idleRss = await rssKb(service.pid!)
-console.log(`durable streams long-poll: ${runs} runs, ${rate} events/s for ${seconds} s, STREAMS_LONG_POLL_MS default (20 s), EVENTS_POLL_INTERVAL_MS default (250 ms)`)
+const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text()
+const wakeup = /^event_wakeup_live 1$/m.test(metrics) ? 'live (WAL streaming)' : 'not live (polling alone: the server refuses replication connections)'
+const os = await import('node:os')
+console.log(`machine: ${os.cpus().length} cores, load average ${os.loadavg().map((load) => load.toFixed(2)).join(' ')}, node ${process.version}`)
+console.log(`durable streams long-poll: ${runs} runs, ${rate} events/s for ${seconds} s, STREAMS_LONG_POLL_MS default (20 s), EVENTS_POLL_INTERVAL_MS default (250 ms); the wake-up: ${wakeup}`)
 console.log('waiters  statements/s  RSS/waiter  p50 ms  p99 ms  deliveries')
 const results: Array<{ size: number, perSecond: number }> = []
 for (const size of sizes) {

@@ -5,10 +5,13 @@
  *   ... npm run bench:stream -- --sizes 10,1000 --rate 10 --seconds 5     (smaller)
  *   ... npm run bench:stream -- --sizes 5 --seconds 1 --settle-ms 500 --storm 50 --idle-seconds 1   (CI's smoke run: figures not meaningful)
  *   ... npm run bench:stream -- --wakeup wal,off --sizes 10,1000,5000     (the wake-up on and off, side by side)
+ *   ... npm run bench:stream -- --on-run all     (every stream unfiltered: every event to every stream)
  *
  * Starts the service as a child process on a database of its own
  * (ocp_bench_stream, recreated), then for each size: opens that many SSE
- * subscribers on loopback, measures the server's resident memory per idle
+ * subscribers on loopback (--on-run, default 0.5, of them filtered on the
+ * written run, the rest on another run that hears nothing: issue 14's "half
+ * of them on the written run"; `all` opens them unfiltered), measures the server's resident memory per idle
  * subscriber, has a writer commit events at a steady rate, and measures
  * commit-to-delivery latency at every subscriber and the queries per second
  * the service ran meanwhile (from pg_stat_database). Then a reconnect storm:
@@ -43,13 +46,17 @@ const { values: args } = parseArgs({
     'settle-ms': { type: 'string', default: '11000' },
     storm: { type: 'string', default: '3000' },
     wakeup: { type: 'string', default: 'auto,off' },
-    'idle-seconds': { type: 'string', default: '10' }
+    'idle-seconds': { type: 'string', default: '10' },
+    'on-run': { type: 'string', default: '0.5' }
   }
 })
 const sizes = args.sizes.split(',').map(Number)
 const rate = Number(args.rate)
 const seconds = Number(args.seconds)
 const pollMs = Number(args['poll-ms'])
+const unfiltered = args['on-run'] === 'all'
+const onRunShare = unfiltered ? 1 : Number(args['on-run'])
+const WRITTEN_RUN = 'bench-run'
 const DATABASE = 'ocp_bench_stream'
 
 const serverUrl = adminUrl()
@@ -105,10 +112,11 @@ const committedAt = new Map<number, number>()
 
 interface Subscriber { received: number, close: () => void }
 
-function subscribe (port: number, agent: Agent, latencies: number[]): Promise<Subscriber> {
+function subscribe (port: number, agent: Agent, latencies: number[], runId: string | undefined): Promise<Subscriber> {
   return new Promise((resolve, reject) => {
     const subscriber: Subscriber = { received: 0, close: () => req.destroy() }
-    const req = request({ host: '127.0.0.1', port, path: '/api/events/stream', agent, headers: { accept: 'text/event-stream' } }, (res) => {
+    const path = runId === undefined ? '/api/events/stream' : `/api/events/stream?run_id=${runId}`
+    const req = request({ host: '127.0.0.1', port, path, agent, headers: { accept: 'text/event-stream' } }, (res) => {
       res.setEncoding('utf8')
       let opened = false
       res.on('data', (chunk: string) => {
@@ -227,7 +235,8 @@ async function main () {
 
   const agent = new Agent({ keepAlive: false, maxSockets: Infinity })
   const os = await import('node:os')
-  console.log(`machine: ${os.cpus().length} cores, load average ${os.loadavg().map((load) => load.toFixed(2)).join(' ')}, node ${process.version}; poll interval ${pollMs} ms; writer ${rate} events/s for ${seconds} s\n`)
+  console.log(`machine: ${os.cpus().length} cores, load average ${os.loadavg().map((load) => load.toFixed(2)).join(' ')}, node ${process.version}; poll interval ${pollMs} ms; writer ${rate} events/s for ${seconds} s; ` +
+    `${unfiltered ? 'every stream unfiltered' : `${onRunShare} of the streams on the written run, the rest on another`}\n`)
   const modes = args.wakeup.split(',')
   for (const [index, mode] of modes.entries()) {
     const port = await freePort()
@@ -267,8 +276,11 @@ async function measure (port: number, service: ChildProcess, agent: Agent, admin
     const baseline = await settledRssKb(service.pid!)
     const latencies: number[] = []
     const subscribers: Subscriber[] = []
+    // The first onRun streams hear the written run; the others (filtered on another run) hear nothing.
+    const onRun = Math.round(size * onRunShare)
+    const runOf = (index: number) => unfiltered ? undefined : index < onRun ? WRITTEN_RUN : 'bench-other-run'
     for (let opened = 0; opened < size; opened += 250) {
-      subscribers.push(...await Promise.all(Array.from({ length: Math.min(250, size - opened) }, () => subscribe(port, agent, latencies))))
+      subscribers.push(...await Promise.all(Array.from({ length: Math.min(250, size - opened) }, (_, i) => subscribe(port, agent, latencies, runOf(opened + i)))))
     }
     await sleep(1000)
     const idle = await settledRssKb(service.pid!)
@@ -288,7 +300,8 @@ async function measure (port: number, service: ChildProcess, agent: Agent, admin
       await writer.query('commit')
     }
     const deadline = Date.now() + 30_000
-    while (subscribers.some((subscriber) => subscriber.received < events) && Date.now() < deadline) await sleep(50)
+    const listening = subscribers.slice(0, onRun)
+    while (listening.some((subscriber) => subscriber.received < events) && Date.now() < deadline) await sleep(50)
     await sleep(STATS_SETTLE_MS)
     const elapsed = (Date.now() - started) / 1000
     // The writer's own transactions (begin/insert/commit: one each) are not the stream's.
@@ -303,10 +316,10 @@ async function measure (port: number, service: ChildProcess, agent: Agent, admin
       qps: streamTransactions / elapsed,
       memoryPerSubscriberKb: (idle - baseline) / size,
       delivered: subscribers.reduce((sum, subscriber) => sum + subscriber.received, 0),
-      expected: size * events
+      expected: onRun * events
     })
     const row = results[results.length - 1]!
-    console.log(`${String(size).padStart(6)} subscribers: delivered ${row.delivered}/${row.expected}; commit-to-delivery p50 ${row.p50} ms, p99 ${row.p99} ms; ` +
+    console.log(`${String(size).padStart(6)} subscribers (${onRun} on the written run): delivered ${row.delivered}/${row.expected}; commit-to-delivery p50 ${row.p50} ms, p99 ${row.p99} ms; ` +
       `stream queries ${row.qps.toFixed(2)}/s; server RSS ${baseline} -> ${idle} kB idle = ${row.memoryPerSubscriberKb.toFixed(1)} kB per subscriber`)
     committedAt.clear()
   }

@@ -139,11 +139,11 @@ t.test('prepared statements: each connection has its own names, dropped when it 
   const count = async () => (await observer.query('select count(*)::int as n from pg_prepared_statements')).rows[0].n
   t.equal(await count(), 2)
   await first.end()
-  await waitUntil(async () => await count() === 1, 'the first connection\'s statement to go')
+  await waitUntil(async () => await count() === 1, 'the first connection\'s statement to go', 20_000)
   await second.query('begin')
   const closing = second.query({ name: 'other', text: 'select 1' }).then(() => second.end())
   await closing
-  await waitUntil(async () => await count() === 0, 'the second connection\'s statements to go')
+  await waitUntil(async () => await count() === 0, 'the second connection\'s statements to go', 20_000)
   await observer.end()
 })
 
@@ -188,7 +188,7 @@ t.test('an idle transaction is ended after the timeout, freeing the backend', as
   const other = new pg.Client({ connectionString: database.url })
   await other.connect()
   t.same((await other.query('select 1 as one')).rows, [{ one: 1 }], 'answered once the idler is cut')
-  await waitUntil(() => errors.length > 0, 'the idler to hear why')
+  await waitUntil(() => errors.length > 0, 'the idler to hear why', 20_000)
   t.match(errors[0]!.message, /idle-in-transaction timeout/)
   await other.end()
 })
@@ -233,7 +233,7 @@ t.test('the wire: SSL refused politely, cancel and garbage closed, Terminate end
   await sleep(20)
   await holder.query('commit')
   await holder.end()
-  await waitUntil(() => received.split('42').length === 3, 'both answers')
+  await waitUntil(() => received.split('42').length === 3, 'both answers', 20_000)
   raw.destroy()
   const client = new pg.Client({ connectionString: database.url })
   await client.connect()

@@ -7,8 +7,12 @@ import { createServer } from 'node:net'
 
 export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
 
-/** Polls `done` until it holds, or fails after `timeoutMs` saying what it waited for. */
-export async function waitUntil (done: () => boolean | Promise<boolean>, what: string, timeoutMs = 5000): Promise<void> {
+/**
+ * Polls `done` until it holds, or fails after `timeoutMs` saying what it
+ * waited for. The default is generous: CI shares two cores among parallel
+ * test files, and a wait is only long when something is already wrong.
+ */
+export async function waitUntil (done: () => boolean | Promise<boolean>, what: string, timeoutMs = 15_000): Promise<void> {
   const deadline = Date.now() + timeoutMs
   while (!await done()) {
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)
