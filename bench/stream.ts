@@ -6,6 +6,7 @@
  *   ... npm run bench:stream -- --sizes 5 --seconds 1 --settle-ms 500 --storm 50 --idle-seconds 1   (CI's smoke run: figures not meaningful)
  *   ... npm run bench:stream -- --wakeup wal,off --sizes 10,1000,5000     (the wake-up on and off, side by side)
  *   ... npm run bench:stream -- --on-run all     (every stream unfiltered: every event to every stream)
+ *   ... npm run bench:stream -- --wakeup wal,floor --storm 0     (the service against the machine's floor, bench/fanout-floor.ts)
  *
  * Starts the service as a child process on a database of its own
  * (ocp_bench_stream, recreated), then for each size: opens that many SSE
@@ -26,11 +27,15 @@
  * service, the storm with the first mode only. The wake-up needs a server
  * whose pg_hba.conf allows `replication` connections from loopback (initdb's
  * default does; a server that refuses leaves `auto` polling, and the run
- * says so).
+ * says so). The mode `floor` runs bench/fanout-floor.ts instead of the
+ * service: a bare server handed each event the moment it is committed,
+ * writing it to the same streams with nothing else in the way (no idle
+ * figure and no storm for it).
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { request, Agent } from 'node:http'
+import { connect } from 'node:net'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
@@ -83,7 +88,10 @@ const STATS_SETTLE_MS = Number(args['settle-ms'])
 
 
 async function startService (port: number, wakeup: string): Promise<ChildProcess> {
-  const child = spawn(process.execPath, ['--expose-gc', '--import', 'tsx', '--import', join(root, 'bench/gc-on-signal.ts'), join(root, 'server.ts')], {
+  const floor = wakeup === 'floor'
+  const child = spawn(process.execPath, floor
+    ? ['--import', 'tsx', join(root, 'bench/fanout-floor.ts')]
+    : ['--expose-gc', '--import', 'tsx', '--import', join(root, 'bench/gc-on-signal.ts'), join(root, 'server.ts')], {
     cwd: root,
     env: {
       ...process.env,
@@ -93,9 +101,12 @@ async function startService (port: number, wakeup: string): Promise<ChildProcess
       LOG_LEVEL: 'warn',
       MIGRATE_ON_START: 'false',
       EVENTS_POLL_INTERVAL_MS: String(pollMs),
-      EVENTS_WAKEUP: wakeup
+      EVENTS_WAKEUP: wakeup,
+      // Measure delivery, not admission: the service sheds new streams under event-loop delay and caps them at 10,000 by default.
+      MAX_EVENT_LOOP_DELAY_MS: '0',
+      SSE_MAX_STREAMS: '1000000'
     },
-    stdio: ['ignore', 'inherit', 'inherit']
+    stdio: floor ? ['ignore', 'inherit', 'inherit', 'ipc'] : ['ignore', 'inherit', 'inherit']
   })
   for (let attempt = 0; attempt < 100; attempt++) {
     try {
@@ -112,26 +123,26 @@ const committedAt = new Map<number, number>()
 
 interface Subscriber { received: number, close: () => void }
 
-function subscribe (port: number, agent: Agent, latencies: number[], runId: string | undefined): Promise<Subscriber> {
+function subscribe (port: number, latencies: number[], runId: string | undefined): Promise<Subscriber> {
+  // A raw socket rather than http.request: the client's own cost per frame
+  // (HTTP parser, chunk decoding, stream events) is part of what a
+  // commit-to-delivery figure measures on a 2-core machine, so keep it least.
   return new Promise((resolve, reject) => {
-    const subscriber: Subscriber = { received: 0, close: () => req.destroy() }
     const path = runId === undefined ? '/api/events/stream' : `/api/events/stream?run_id=${runId}`
-    const req = request({ host: '127.0.0.1', port, path, agent, headers: { accept: 'text/event-stream' } }, (res) => {
-      res.setEncoding('utf8')
-      let opened = false
-      res.on('data', (chunk: string) => {
-        const now = Date.now()
-        if (!opened) { opened = true; resolve(subscriber) }
-        for (const match of chunk.matchAll(/^id: (\d+)\ndata:/gm)) {
-          const sent = committedAt.get(Number(match[1]))
-          if (sent !== undefined) latencies.push(now - sent)
-          subscriber.received++
-        }
-      })
-      res.on('error', () => {})
+    const socket = connect(port, '127.0.0.1', () => socket.write(`GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n`))
+    const subscriber: Subscriber = { received: 0, close: () => socket.destroy() }
+    socket.setEncoding('latin1')
+    let opened = false
+    socket.on('data', (chunk: string) => {
+      const now = Date.now()
+      if (!opened) { opened = true; resolve(subscriber) }
+      for (const match of chunk.matchAll(/^id: (\d+)\ndata:/gm)) {
+        const sent = committedAt.get(Number(match[1]))
+        if (sent !== undefined) latencies.push(now - sent)
+        subscriber.received++
+      }
     })
-    req.on('error', reject)
-    req.end()
+    socket.on('error', (err) => { if (!opened) reject(err) })
   })
 }
 
@@ -243,10 +254,12 @@ async function main () {
     const service = await startService(port, mode)
     await sleep(2000)
     const live = (await metricsOf(port)).get('event_wakeup_live') === 1
-    console.log(`EVENTS_WAKEUP=${mode}: the wake-up is ${live ? 'live (WAL streaming)' : 'not live: polling alone'}`)
+    console.log(mode === 'floor'
+      ? 'the floor (bench/fanout-floor.ts): no service, each event handed to a bare server as soon as it is committed'
+      : `EVENTS_WAKEUP=${mode}: the wake-up is ${live ? 'live (WAL streaming)' : 'not live: polling alone'}`)
     await measure(port, service, agent, admin, writer)
     const stormStreams = Number(args.storm)
-    if (index === 0 && stormStreams > 0) await storm(port, agent, admin, writer, stormStreams)
+    if (index === 0 && stormStreams > 0 && mode !== 'floor') await storm(port, agent, admin, writer, stormStreams)
     service.kill('SIGTERM')
     await new Promise((resolve) => service.once('exit', resolve))
     console.log('')
@@ -260,8 +273,9 @@ async function main () {
 
 /** One service's run: its idle statements per second, then every size. */
 async function measure (port: number, service: ChildProcess, agent: Agent, admin: pg.Client, writer: pg.Client): Promise<void> {
+  const floor = service.connected
   const idleSeconds = Number(args['idle-seconds'])
-  if (idleSeconds > 0) {
+  if (idleSeconds > 0 && !floor) {
     await sleep(STATS_SETTLE_MS)
     const before = await transactionsOf(admin)
     const started = Date.now()
@@ -280,7 +294,7 @@ async function measure (port: number, service: ChildProcess, agent: Agent, admin
     const onRun = Math.round(size * onRunShare)
     const runOf = (index: number) => unfiltered ? undefined : index < onRun ? WRITTEN_RUN : 'bench-other-run'
     for (let opened = 0; opened < size; opened += 250) {
-      subscribers.push(...await Promise.all(Array.from({ length: Math.min(250, size - opened) }, (_, i) => subscribe(port, agent, latencies, runOf(opened + i)))))
+      subscribers.push(...await Promise.all(Array.from({ length: Math.min(250, size - opened) }, (_, i) => subscribe(port, latencies, runOf(opened + i)))))
     }
     await sleep(1000)
     const idle = await settledRssKb(service.pid!)
@@ -289,6 +303,7 @@ async function measure (port: number, service: ChildProcess, agent: Agent, admin
     const transactionsBefore = await transactionsOf(admin)
     const started = Date.now()
     const events = rate * seconds
+    const commitMs: number[] = []
     for (let i = 0; i < events; i++) {
       const due = started + (i * 1000) / rate
       if (due > Date.now()) await sleep(due - Date.now())
@@ -296,8 +311,12 @@ async function measure (port: number, service: ChildProcess, agent: Agent, admin
       const inserted = await writer.query(
         "insert into events (event_type, run_id, summary, payload) values ('task_running', 'bench-run', 'bench', '{}') returning event_id"
       )
-      committedAt.set(Number(inserted.rows[0].event_id), Date.now())
+      const id = Number(inserted.rows[0].event_id)
+      const committing = Date.now()
+      committedAt.set(id, committing)
       await writer.query('commit')
+      commitMs.push(Date.now() - committing)
+      if (floor) service.send({ id, runId: WRITTEN_RUN, json: JSON.stringify({ event_id: id, event_type: 'task_running', run_id: WRITTEN_RUN, task_id: null, thread_id: null, summary: 'bench', payload: {}, created_at: new Date().toISOString() }) })
     }
     const deadline = Date.now() + 30_000
     const listening = subscribers.slice(0, onRun)
@@ -320,7 +339,8 @@ async function measure (port: number, service: ChildProcess, agent: Agent, admin
     })
     const row = results[results.length - 1]!
     console.log(`${String(size).padStart(6)} subscribers (${onRun} on the written run): delivered ${row.delivered}/${row.expected}; commit-to-delivery p50 ${row.p50} ms, p99 ${row.p99} ms; ` +
-      `stream queries ${row.qps.toFixed(2)}/s; server RSS ${baseline} -> ${idle} kB idle = ${row.memoryPerSubscriberKb.toFixed(1)} kB per subscriber`)
+      `stream queries ${row.qps.toFixed(2)}/s; server RSS ${baseline} -> ${idle} kB idle = ${row.memoryPerSubscriberKb.toFixed(1)} kB per subscriber; ` +
+      `the writer's COMMIT itself (in those figures) p50 ${percentile(commitMs.sort((a, b) => a - b), 0.5)} ms`)
     committedAt.clear()
   }
 

@@ -1,4 +1,5 @@
-import type { ServerResponse } from 'node:http'
+import { createServer, get, type ServerResponse } from 'node:http'
+import { connect } from 'node:net'
 import t from 'tap'
 import type { EventFilter, StoredEvent } from '../db/events.js'
 import { Subscriber, type SubscriberOptions } from '../plugins/app/events/subscriber.js'
@@ -177,4 +178,59 @@ t.test('filters', async (t) => {
   t.notOk(instance.matches(event(1, { runId: 'r', threadId: 'other' })))
   t.notOk(instance.matches(event(1, { runId: 'x', threadId: 'th' })))
   t.ok(subscriber().instance.matches(event(1)))
+})
+
+t.test('on a real socket: the writes after the headers go out as ready-made chunks, the same bytes on the wire', async (t) => {
+  const streams: Subscriber[] = []
+  const server = createServer((_request, response) => {
+    response.writeHead(200, { 'content-type': 'text/event-stream' })
+    const instance = new Subscriber(response, {}, 0, { readAfter: async () => [], pageSize: 2, maxBufferedBytes: 1 << 20, slowClientMs: 1000, onDrop: () => {} })
+    streams.push(instance)
+    instance.write('retry: 1000\n\n')
+    void instance.catchUp().then(() => {
+      instance.offer(event(1, { json: '{"summary":"caf\u00e9"}' })) // a multi-byte character: the chunk's size counts bytes
+      instance.offer(event(2))
+      instance.heartbeat(Date.now() + 60_000, 5, 1000)
+      instance.end()
+    })
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => server.close())
+  const { port } = server.address() as { port: number }
+  const expected = 'retry: 1000\n\nid: 1\ndata: {"summary":"caf\u00e9"}\n\nid: 2\ndata: {"event_id":2}\n\nid: 5\n\n: keep-alive\n\n'
+
+  // Node's client decodes the chunks.
+  const body = await new Promise<string>((resolve, reject) => get({ port, host: '127.0.0.1' }, (response) => {
+    let text = ''
+    response.setEncoding('utf8').on('data', (chunk: string) => { text += chunk }).on('end', () => resolve(text))
+  }).on('error', reject))
+  t.equal(body, expected, 'decoded: the events, then the end of the body')
+
+  // The raw bytes: well-formed chunks, and the last chunk.
+  const raw = await new Promise<Buffer>((resolve, reject) => {
+    const parts: Buffer[] = []
+    const socket = connect(port, '127.0.0.1', () => socket.write('GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n'))
+    socket.on('data', (part: Buffer) => parts.push(part)).on('end', () => resolve(Buffer.concat(parts))).on('error', reject)
+  })
+  let rest = raw.subarray(raw.indexOf('\r\n\r\n') + 4)
+  t.match(raw.subarray(0, raw.indexOf('\r\n\r\n')).toString(), /transfer-encoding: chunked/i)
+  const chunks: Buffer[] = []
+  for (;;) {
+    const line = rest.indexOf('\r\n')
+    const size = Number.parseInt(rest.subarray(0, line).toString(), 16)
+    if (size === 0) break
+    chunks.push(rest.subarray(line + 2, line + 2 + size))
+    t.equal(rest.subarray(line + 2 + size, line + 4 + size).toString(), '\r\n', 'each chunk ends with CRLF')
+    rest = rest.subarray(line + 4 + size)
+  }
+  t.equal(Buffer.concat(chunks).toString(), expected, 'the chunks carry the same text')
+
+  // HTTP/1.0 has no chunks: the body is the text itself, ended by the close.
+  const old = await new Promise<string>((resolve, reject) => {
+    let text = ''
+    const socket = connect(port, '127.0.0.1', () => socket.write('GET / HTTP/1.0\r\n\r\n'))
+    socket.setEncoding('utf8').on('data', (part: string) => { text += part }).on('end', () => resolve(text)).on('error', reject)
+  })
+  t.equal(old.slice(old.indexOf('\r\n\r\n') + 4), expected, 'HTTP/1.0: the same text, unchunked')
+  t.equal(streams.length, 3)
 })

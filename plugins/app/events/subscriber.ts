@@ -1,4 +1,5 @@
 import type { ServerResponse } from 'node:http'
+import { Socket } from 'node:net'
 import { matchesFilter, type EventFilter, type StoredEvent } from '../../../db/events.js'
 
 /**
@@ -12,6 +13,18 @@ let lastFramed: { event: StoredEvent, frame: string } | undefined
 export function eventFrame (event: StoredEvent): string {
   if (lastFramed?.event !== event) lastFramed = { event, frame: `id: ${event.id}\ndata: ${event.json}\n\n` }
   return lastFramed.frame
+}
+
+/**
+ * The last text written, as one HTTP/1.1 chunk (size line, text, CRLF):
+ * the fan-out writes the same text to thousands of streams in a row, so
+ * they share one Buffer.
+ */
+let lastChunk: { text: string, chunk: Buffer } | undefined
+
+function chunkOf (text: string): Buffer {
+  if (lastChunk?.text !== text) lastChunk = { text, chunk: Buffer.from(`${Buffer.byteLength(text).toString(16)}\r\n${text}\r\n`) }
+  return lastChunk.chunk
 }
 
 export const KEEP_ALIVE = ': keep-alive\n\n'
@@ -74,6 +87,8 @@ export class Subscriber implements Listener {
   #overflowed = false
   /** Set while waiting for the client to get back within maxBufferedBytes. */
   #onRoom: (() => void) | undefined
+  /** Set by the first write, which sends the response's headers with it. */
+  #headersSent = false
 
   /**
    * Passed with every write: runs once that write has gone to the kernel.
@@ -172,9 +187,21 @@ export class Subscriber implements Listener {
     return this.write(this.format.event(event, this.isLive))
   }
 
+  /**
+   * Once the headers are out, a chunked response's text goes to the socket
+   * as one ready-made chunk: one write system call per stream and event,
+   * where ServerResponse.write makes a writev of four pieces (size, CRLF,
+   * text, CRLF) and encodes the text again for every stream. At thousands
+   * of streams those calls are the fan-out's cost (BENCHMARKS.md, "Event
+   * wake-up"). The bytes on the wire are the same; response.writableLength
+   * counts the socket's queue, and response.end() still ends the body.
+   */
   write (text: string): boolean {
     if (this.closed) return true
     this.lastWriteAt = Date.now()
+    const socket = this.response.socket
+    if (this.#headersSent && this.response.chunkedEncoding && socket instanceof Socket) return socket.write(chunkOf(text), this.#flushed)
+    this.#headersSent = true
     return this.response.write(text, this.#flushed)
   }
 
