@@ -1,10 +1,8 @@
 import { EventSource } from 'eventsource'
-import { execFileSync } from 'node:child_process'
-import { dirname, join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import t from 'tap'
-import { freePort, sleep, waitUntil } from '../helpers/wait.js'
+import { composeStack } from '../helpers/compose.js'
+import { sleep, waitUntil } from '../helpers/wait.js'
 
 /*
  * The project's own docker-compose.yml on a real Docker engine (CI prepares
@@ -19,43 +17,17 @@ import { freePort, sleep, waitUntil } from '../helpers/wait.js'
  * `down -v` at the end, so it never touches another stack.
  */
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..')
 const STREAMS = 6
 const RESUME_TARGET_MS = 15_000
-const HEALTHY_WITHIN_MS = 120_000
-
-/** `docker compose` (v2) where it is installed, else the v1 `docker-compose`. */
-function composeCommand (): string[] {
-  try {
-    execFileSync('docker', ['compose', 'version'], { stdio: 'pipe' })
-    return ['docker', 'compose']
-  } catch {
-    return ['docker-compose']
-  }
-}
 
 t.test('the compose deployment: replicas and Postgres killed under open streams, down and up', async (t) => {
-  const [cli, ...cliArgs] = composeCommand()
-  const ports = { POSTGRES_PORT: await freePort(), API_PORT: await freePort(), LB_PORT: await freePort() }
-  const env = { ...process.env, COMPOSE_PROJECT_NAME: `ocp-compose-${process.pid}`, ...Object.fromEntries(Object.entries(ports).map(([name, port]) => [name, String(port)])) }
-  const compose = (...args: string[]) => execFileSync(cli!, [...cliArgs, '-f', join(root, 'docker-compose.yml'), ...args], { cwd: root, env, stdio: 'pipe' }).toString()
-  const scale = (...args: string[]) => compose('--profile', 'scale', ...args)
-  const containerOf = (service: string) => compose('ps', '-q', service).trim()
-  const docker = (...args: string[]) => execFileSync('docker', args, { stdio: 'pipe' }).toString().trim()
+  const { description, compose, scale, docker, containerOf, metricsOf, database, api, lb, ...stack } = await composeStack('ocp-compose')
   t.teardown(() => { scale('down', '-v', '--remove-orphans') })
-  t.comment(`${cli} ${cliArgs.join(' ')}, project ${env.COMPOSE_PROJECT_NAME}, ports ${JSON.stringify(ports)}`)
-
+  t.comment(description)
   const healthy = async (services: string[]) => {
-    const started = Date.now()
-    await waitUntil(() => services.every((service) => {
-      const id = containerOf(service)
-      return id !== '' && docker('inspect', '-f', '{{.State.Health.Status}}', id) === 'healthy'
-    }), `${services.join(', ')} healthy`, HEALTHY_WITHIN_MS)
-    t.pass(`${services.join(', ')}: healthy after ${Date.now() - started} ms`)
+    const waited = await stack.healthy(services)
+    t.pass(`${services.join(', ')}: healthy after ${waited} ms`)
   }
-  const database = `postgres://ocp:ocp@127.0.0.1:${ports.POSTGRES_PORT}/ocp`
-  const api = `http://127.0.0.1:${ports.API_PORT}`
-  const lb = `http://127.0.0.1:${ports.LB_PORT}`
 
   // The default profile: Postgres and one replica.
   compose('up', '-d', '--build')
@@ -140,9 +112,8 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
   streams.forEach((stream, i) => t.same(stream.ids, written, `stream ${i}: all ${written.length} events once, in order`))
 
   for (const stream of streams) stream.source.close()
-  const openOn = async (service: string) => Number(/^event_streams_open (\S+)$/m.exec(docker('exec', containerOf(service), 'node', '-e',
-    'fetch("http://127.0.0.1:8080/metrics").then((r) => r.text()).then((text) => console.log(text))'))?.[1])
-  await waitUntil(async () => (await Promise.all(['api', 'api-2', 'api-3'].map(openOn))).every((open) => open === 0), 'no stream left open on any replica', 30_000)
+  const openOn = (service: string) => Number(/^event_streams_open (\S+)$/m.exec(metricsOf(service))?.[1])
+  await waitUntil(() => ['api', 'api-2', 'api-3'].map(openOn).every((open) => open === 0), 'no stream left open on any replica', 30_000)
   t.pass('no stream left open on any replica')
 
   // A stopped database never corrupts the volume: kill it, down, up.

@@ -1,0 +1,72 @@
+import { execFileSync } from 'node:child_process'
+import { dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { freePort, waitUntil } from './wait.js'
+
+/*
+ * The project's docker-compose.yml as a stack of its own: its own project
+ * name and free ports on loopback, so it never touches another stack.
+ * Shared by the compose test (test/compose/stack.ts) and the crowd
+ * benchmark (bench/crowd.ts); nothing here imports tap.
+ */
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..')
+
+/** `docker compose` (v2) where it is installed, else the v1 `docker-compose`. */
+function composeCommand (): string[] {
+  try {
+    execFileSync('docker', ['compose', 'version'], { stdio: 'pipe' })
+    return ['docker', 'compose']
+  } catch {
+    return ['docker-compose']
+  }
+}
+
+export interface ComposeStack {
+  /** What runs compose, the project name and the ports: for a log line. */
+  description: string
+  /** `compose ...` on the default profile; its output. */
+  compose: (...args: string[]) => string
+  /** `compose --profile scale ...` (three replicas behind nginx); its output. */
+  scale: (...args: string[]) => string
+  docker: (...args: string[]) => string
+  containerOf: (service: string) => string
+  /** Waits until every service's healthcheck says healthy; how long it took (ms). */
+  healthy: (services: string[], timeoutMs?: number) => Promise<number>
+  /** A replica's /metrics, read inside its container (only the default replica publishes a port). */
+  metricsOf: (service: string) => string
+  /** The orchestrator's database, the default replica and nginx (scale profile), on loopback. */
+  database: string
+  api: string
+  lb: string
+}
+
+export async function composeStack (name: string): Promise<ComposeStack> {
+  const [cli, ...cliArgs] = composeCommand()
+  const ports = { POSTGRES_PORT: await freePort(), API_PORT: await freePort(), LB_PORT: await freePort() }
+  const project = `${name}-${process.pid}`
+  const env = { ...process.env, COMPOSE_PROJECT_NAME: project, ...Object.fromEntries(Object.entries(ports).map(([key, port]) => [key, String(port)])) }
+  const compose = (...args: string[]) => execFileSync(cli!, [...cliArgs, '-f', join(root, 'docker-compose.yml'), ...args], { cwd: root, env, stdio: 'pipe' }).toString()
+  const docker = (...args: string[]) => execFileSync('docker', args, { stdio: 'pipe', maxBuffer: 64 * 1024 * 1024 }).toString().trim()
+  const containerOf = (service: string) => compose('ps', '-q', service).trim()
+  return {
+    description: `${cli} ${cliArgs.join(' ')}, project ${project}, ports ${JSON.stringify(ports)}`,
+    compose,
+    scale: (...args) => compose('--profile', 'scale', ...args),
+    docker,
+    containerOf,
+    healthy: async (services, timeoutMs = 120_000) => {
+      const started = Date.now()
+      await waitUntil(() => services.every((service) => {
+        const id = containerOf(service)
+        return id !== '' && docker('inspect', '-f', '{{.State.Health.Status}}', id) === 'healthy'
+      }), `${services.join(', ')} healthy`, timeoutMs)
+      return Date.now() - started
+    },
+    metricsOf: (service) => docker('exec', containerOf(service), 'node', '-e',
+      'fetch("http://127.0.0.1:8080/metrics").then((r) => r.text()).then((text) => console.log(text))'),
+    database: `postgres://ocp:ocp@127.0.0.1:${ports.POSTGRES_PORT}/ocp`,
+    api: `http://127.0.0.1:${ports.API_PORT}`,
+    lb: `http://127.0.0.1:${ports.LB_PORT}`
+  }
+}
