@@ -5,6 +5,7 @@ import { EventLogUpkeep } from '../plugins/app/event-log.js'
 import { build } from './helpers/app.js'
 import { testDatabaseUrl } from './helpers/database.js'
 import { insertEvents, openStream } from './helpers/sse.js'
+import { sleep, waitUntil } from './helpers/wait.js'
 
 // What the reader waits for, and what it does not (migration 0003, docs/stream.md
 // "How the event order is settled"): an id still in flight holds back the
@@ -16,7 +17,6 @@ async function client () {
   return connection
 }
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
 async function listen (app: Awaited<ReturnType<typeof build>>) {
   await app.listen({ port: 0, host: '127.0.0.1' })
@@ -188,6 +188,24 @@ t.test('the upkeep that keeps the clock survives a failing database: logged once
   const ticks = upkeep.ticks
   while (upkeep.ticks < ticks + 2) await sleep(20)
   t.pass('the clock ticks again')
+})
+
+t.test('stopping the upkeep while a tick waits on the database logs no failure', async (t) => {
+  const lines: Array<{ msg: string }> = []
+  const log = pino({ level: 'info' }, { write: (line: string) => { lines.push(JSON.parse(line)) } })
+  const admin = await client()
+  const locker = await client()
+  t.teardown(async () => { await locker.end(); await admin.end() })
+  // The clock's table locked: the tick waits until stop() ends its connection.
+  await locker.query('begin')
+  await locker.query('lock table event_log_state in access exclusive mode')
+  const upkeep = new EventLogUpkeep({ url: await testDatabaseUrl(), clockIntervalMs: 20, retentionMs: undefined, log })
+  upkeep.start()
+  await waitUntil(async () => (await admin.query(`select 1 from pg_stat_activity where application_name = 'ocp-api-upkeep' and wait_event_type = 'Lock'`)).rowCount === 1, 'the tick waiting on the lock')
+  await upkeep.stop()
+  await locker.query('rollback')
+  await sleep(100)
+  t.same(lines.filter((line) => line.msg === 'event log upkeep failed; retrying'), [], 'no failure logged')
 })
 
 t.test('EVENT-ORDER fact 1: an older transaction commits a higher id while a newer one holds a lower id open', async (t) => {

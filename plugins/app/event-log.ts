@@ -96,7 +96,8 @@ export class EventLogUpkeep {
       if (this.#failing) this.options.log.info('event log upkeep recovered')
       this.#failing = false
     } catch (err) {
-      if (!this.#failing) this.options.log.warn({ err }, 'event log upkeep failed; retrying')
+      // A tick cut short by stop() (its connection ended under it) is no failure.
+      if (!this.#failing && !this.#stopped) this.options.log.warn({ err }, 'event log upkeep failed; retrying')
       this.#failing = true
       await this.#disconnect()
       delay = RETRY_MS
