@@ -2,6 +2,7 @@ import { PGlite } from '@electric-sql/pglite'
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer, type AddressInfo, type Server, type Socket } from 'node:net'
 import { join } from 'node:path'
+import { setFlagsFromString } from 'node:v8'
 
 /*
  * The embedded database: PGlite (Postgres compiled to WebAssembly) in this
@@ -373,11 +374,29 @@ function lockDataDir (dataDir: string): () => void {
   return () => rmSync(lockFile, { force: true })
 }
 
+/*
+ * V8 in Node 24 (13.6) can free a WebAssembly import wrapper twice when its
+ * code GC races a wrapper's tier-up, and the process dies on a failed CHECK
+ * (`jit_page_->allocations_.erase(addr) == 1` in
+ * ThreadIsolation::UnregisterWasmAllocation, SIGILL): nodejs/node#64500 and
+ * #66366, fixed in V8 9b8ca54d5a, not yet in a Node 24 release. PGlite, which
+ * churns Wasm code, trips it now and then; it killed a CI run here. Without
+ * Wasm code GC the race cannot happen (upstream: 16 crashes in 40 runs, then
+ * 0 in 20). The cost is that code replaced by its optimized tier stays in
+ * memory: bounded by PGlite's one module. Node refuses the flag in
+ * NODE_OPTIONS; set before PGlite starts, it holds for this process, and
+ * only a process that runs the embedded database pays it.
+ */
+function avoidWasmCodeGcCrash (): void {
+  setFlagsFromString('--no-wasm-code-gc')
+}
+
 /**
  * Starts PGlite on `dataDir` (created when new) and a loopback listener
  * that speaks the Postgres protocol for it.
  */
 export async function startEmbeddedPostgres (options: EmbeddedPostgresOptions): Promise<EmbeddedPostgres> {
+  avoidWasmCodeGcCrash()
   const inMemory = options.dataDir.startsWith('memory://')
   const unlock = inMemory ? () => {} : lockDataDir(options.dataDir)
   let db: PGlite

@@ -1,3 +1,4 @@
+import { execFile } from 'node:child_process'
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { connect } from 'node:net'
 import { tmpdir } from 'node:os'
@@ -7,7 +8,7 @@ import t, { type Test } from 'tap'
 import { frame, namespaced, parseStartupOptions, startEmbeddedPostgres, withDatabaseUrl, type EmbeddedPostgres } from '../db/embedded.js'
 import { createReadPool } from '../db/pool.js'
 import { redactedUrl } from '../plugins/app/db.js'
-import { runScript } from './helpers/run.js'
+import { root, runScript } from './helpers/run.js'
 import { sleep, waitUntil } from './helpers/wait.js'
 
 // The embedded database (db/embedded.ts): PGlite behind a loopback bridge
@@ -303,6 +304,18 @@ t.test('with no DATABASE_URL: migrate, seed and the server use the embedded data
   t.match(outcome.stdout, /no DATABASE_URL: using the embedded database \(PGlite\), for development and CI only, not for production/)
   t.match(outcome.stdout, /database schema up to date/)
   t.notOk(existsSync(join(dataDir, 'ocp-embedded.pid')), 'closed on exit')
+})
+
+t.test('the embedded database turns off V8\'s Wasm code GC, whose race with a wrapper\'s tier-up crashes Node 24 (db/embedded.ts)', async (t) => {
+  const churn = (mode: string) => new Promise<string>((resolve, reject) => {
+    execFile(process.execPath, ['--trace-wasm-code-gc', ...process.execArgv, join(root, 'test/helpers/wasm-churn.ts'), mode], { cwd: root, maxBuffer: 64 << 20 },
+      (err, stdout) => { if (err !== null) reject(err); else resolve(stdout) })
+  })
+  const [bare, embedded] = await Promise.all([churn('bare'), churn('embedded')])
+  t.match(bare, /churned/)
+  t.match(bare, /\[wasm-gc\]/, 'without it, PGlite\'s churn runs the code GC (so this test can tell)')
+  t.match(embedded, /churned/)
+  t.notMatch(embedded, /\[wasm-gc\]/, 'once the embedded database has started, it never runs')
 })
 
 t.test('the log names a server database without its password', async (t) => {
