@@ -21,6 +21,7 @@ import { Agent, request } from 'node:http'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { composeStack } from '../test/helpers/compose.js'
+import { requestsOnRoute } from '../test/helpers/metrics.js'
 import { sleep, waitUntil } from '../test/helpers/wait.js'
 
 const { values: args } = parseArgs({
@@ -99,11 +100,7 @@ async function main () {
   console.log(`${stack.description}; ${POLLERS} pollers, ${EVENTS} events ${INTERVAL_MS} ms apart`)
   const upstream = () => {
     let total = 0
-    for (const replica of REPLICAS) {
-      for (const line of stack.metricsOf(replica).split('\n')) {
-        if (line.startsWith('http_requests_total{') && line.includes(`route="${ROUTE}"`)) total += Number(line.split(' ').pop())
-      }
-    }
+    for (const replica of REPLICAS) total += requestsOnRoute(stack.metricsOf(replica), ROUTE)
     return total
   }
   try {

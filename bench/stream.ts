@@ -257,7 +257,7 @@ async function main () {
     console.log(mode === 'floor'
       ? 'the floor (bench/fanout-floor.ts): no service, each event handed to a bare server as soon as it is committed'
       : `EVENTS_WAKEUP=${mode}: the wake-up is ${live ? 'live (WAL streaming)' : 'not live: polling alone'}`)
-    await measure(port, service, agent, admin, writer)
+    await measure(port, service, mode === 'floor', admin, writer)
     const stormStreams = Number(args.storm)
     if (index === 0 && stormStreams > 0 && mode !== 'floor') await storm(port, agent, admin, writer, stormStreams)
     service.kill('SIGTERM')
@@ -271,9 +271,8 @@ async function main () {
   agent.destroy()
 }
 
-/** One service's run: its idle statements per second, then every size. */
-async function measure (port: number, service: ChildProcess, agent: Agent, admin: pg.Client, writer: pg.Client): Promise<void> {
-  const floor = service.connected
+/** One service's run (or the floor's: no idle figure, events handed to it over IPC): its idle statements per second, then every size. */
+async function measure (port: number, service: ChildProcess, floor: boolean, admin: pg.Client, writer: pg.Client): Promise<void> {
   const idleSeconds = Number(args['idle-seconds'])
   if (idleSeconds > 0 && !floor) {
     await sleep(STATS_SETTLE_MS)

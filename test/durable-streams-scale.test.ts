@@ -2,6 +2,7 @@ import t from 'tap'
 import { encodeOffset } from '../plugins/app/events/durable.js'
 import { needsServer, testDatabaseUrl } from './helpers/database.js'
 import { insertGraph, makeRun } from './helpers/fixtures.js'
+import { requestsOnRoute } from './helpers/metrics.js'
 import { startNginx } from './helpers/nginx.js'
 import { startReplicas } from './helpers/replicas.js'
 import { insertEvents } from './helpers/sse.js'
@@ -27,12 +28,7 @@ t.test('replicas behind nginx', { skip: needsServer('replicas are processes of t
   /** Requests the replicas answered on the run's stream route. */
   const upstream = async () => {
     let total = 0
-    for (const replica of replicas) {
-      const text = await (await fetch(`http://127.0.0.1:${replica.port}/metrics`)).text()
-      for (const line of text.split('\n')) {
-        if (line.startsWith('http_requests_total{') && line.includes(`route="${ROUTE}"`)) total += Number(line.split(' ').pop())
-      }
-    }
+    for (const replica of replicas) total += requestsOnRoute(await (await fetch(`http://127.0.0.1:${replica.port}/metrics`)).text(), ROUTE)
     return total
   }
 

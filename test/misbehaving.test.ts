@@ -2,6 +2,7 @@ import { connect, type Socket } from 'node:net'
 import t from 'tap'
 import { build } from './helpers/app.js'
 import { json } from './helpers/fixtures.js'
+import { metricValue } from './helpers/metrics.js'
 import { insertEvents, openStream } from './helpers/sse.js'
 
 // Clients that misbehave cannot hurt the process or the other clients:
@@ -11,7 +12,6 @@ const NON_READERS = 200
 const CHURN = 300
 const BUFFER_BOUND = 32 * 1024
 
-const metric = (text: string, name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1])
 
 t.test('a cap on open streams: beyond it, a retry', async (t) => {
   const app = await build(t, { SSE_MAX_STREAMS: 3 })
@@ -87,14 +87,14 @@ t.test('hundreds of non-reading clients and connect/drop churn: bounded, no leak
   // as events-lifecycle.test.ts shows.) When they go, nothing stays behind.
   const settle = Date.now() + 2000 // the last churned connections' closes are still in flight
   while (app.events.size > NON_READERS + 1 && Date.now() < settle) await new Promise((resolve) => setTimeout(resolve, 20))
-  const during = metric((await app.inject('/metrics')).body, 'event_streams_open')
+  const during = metricValue((await app.inject('/metrics')).body, 'event_streams_open')
   t.ok(during <= NON_READERS + 1, `${during} streams open while the non-readers hang on; none left from the churn`)
   for (const socket of stalled) socket.destroy()
   const deadline = Date.now() + 5000
   while (app.events.size > 1 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50))
   const metrics = (await app.inject('/metrics')).body
-  t.equal(metric(metrics, 'event_streams_open'), 1, 'only the reader is left, counted through /metrics')
-  t.ok(metric(metrics, 'event_streams_buffered_bytes') < perClientBound, 'and nothing is left buffered for the others')
+  t.equal(metricValue(metrics, 'event_streams_open'), 1, 'only the reader is left, counted through /metrics')
+  t.ok(metricValue(metrics, 'event_streams_buffered_bytes') < perClientBound, 'and nothing is left buffered for the others')
   t.same(warnings.filter((name) => name === 'MaxListenersExceededWarning'), [], 'no listener leak warning')
   t.same((await app.inject('/health')).json(), { status: 'ok' })
   const [after] = await insertEvents({ summary: 'after the storm' })

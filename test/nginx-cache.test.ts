@@ -1,5 +1,6 @@
 import t from 'tap'
 import { testDatabaseUrl } from './helpers/database.js'
+import { requestsOnRoute } from './helpers/metrics.js'
 import { startNginx } from './helpers/nginx.js'
 import { startReplicas } from './helpers/replicas.js'
 import { insertEvents } from './helpers/sse.js'
@@ -20,12 +21,7 @@ t.test('300 concurrent readers of one immutable page behind nginx: at most 3 dat
   /** Requests the replicas answered on `route`: each is one read of the database. */
   const reads = async (route: string) => {
     let total = 0
-    for (const replica of replicas) {
-      const text = await (await fetch(`http://127.0.0.1:${replica.port}/metrics`)).text()
-      for (const line of text.split('\n')) {
-        if (line.startsWith('http_requests_total{') && line.includes(`route="${route}"`)) total += Number(line.split(' ').pop())
-      }
-    }
+    for (const replica of replicas) total += requestsOnRoute(await (await fetch(`http://127.0.0.1:${replica.port}/metrics`)).text(), route)
     return total
   }
 

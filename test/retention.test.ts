@@ -7,6 +7,7 @@ import { PARTITION_LOCK_TIMEOUT_MS, EventLogUpkeep } from '../plugins/app/event-
 import { build } from './helpers/app.js'
 import { needsServer, testDatabaseUrl } from './helpers/database.js'
 import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
+import { metricValue } from './helpers/metrics.js'
 import { insertEvents, openStream } from './helpers/sse.js'
 import { waitUntil } from './helpers/wait.js'
 
@@ -51,7 +52,6 @@ async function secondsUntilGone (ids: number[], timeoutMs: number): Promise<numb
   return goneAt - Number(created.at)
 }
 
-const metric = (text: string, name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1])
 
 t.before(() => insertGraph({
   runs: [makeRun({ run_id: 'run-r' })],
@@ -119,19 +119,19 @@ t.test('EVENTS_RETENTION=10s: events go within 20 s of their created_at; cursors
   t.same(await rowCounts(), before, 'runs, tasks, attempts, threads, messages and artifacts untouched')
   await waitUntil(() => app.eventLog!.historyFloor === kept, 'the keeper to read the floor on its next tick')
   const metrics = (await app.inject('/metrics')).body
-  t.equal(metric(metrics, 'event_log_keeper'), 1)
-  t.equal(metric(metrics, 'event_history_floor'), kept)
-  t.ok(metric(metrics, 'event_log_partitions_dropped_total') >= 2)
-  t.ok(metric(metrics, 'event_log_partitions') >= 3)
-  t.equal(metric(metrics, 'event_log_default_rows_deleted_total'), 0)
+  t.equal(metricValue(metrics, 'event_log_keeper'), 1)
+  t.equal(metricValue(metrics, 'event_history_floor'), kept)
+  t.ok(metricValue(metrics, 'event_log_partitions_dropped_total') >= 2)
+  t.ok(metricValue(metrics, 'event_log_partitions') >= 3)
+  t.equal(metricValue(metrics, 'event_log_default_rows_deleted_total'), 0)
 
   await t.test('a second replica', { skip: needsServer('sessions of their own: the embedded database has one, whose advisory locks every connection shares') }, async (t) => {
     const other = await build(t)
     await waitUntil(() => other.eventLog!.historyFloor >= 0, 'the second replica to read the floor')
     const otherMetrics = (await other.inject('/metrics')).body
-    t.equal(metric(otherMetrics, 'event_log_keeper'), 0, 'does not keep the log')
-    t.equal(metric(otherMetrics, 'event_history_floor'), kept, 'but reports the floor')
-    t.equal(metric(otherMetrics, 'event_log_partitions'), 0)
+    t.equal(metricValue(otherMetrics, 'event_log_keeper'), 0, 'does not keep the log')
+    t.equal(metricValue(otherMetrics, 'event_history_floor'), kept, 'but reports the floor')
+    t.equal(metricValue(otherMetrics, 'event_log_partitions'), 0)
   })
 })
 

@@ -2,6 +2,7 @@ import { EventSource } from 'eventsource'
 import pg from 'pg'
 import t from 'tap'
 import { composeStack } from '../helpers/compose.js'
+import { metricValue } from '../helpers/metrics.js'
 import { sleep, waitUntil } from '../helpers/wait.js'
 
 /*
@@ -112,7 +113,7 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
   streams.forEach((stream, i) => t.same(stream.ids, written, `stream ${i}: all ${written.length} events once, in order`))
 
   for (const stream of streams) stream.source.close()
-  const openOn = (service: string) => Number(/^event_streams_open (\S+)$/m.exec(metricsOf(service))?.[1])
+  const openOn = (service: string) => metricValue(metricsOf(service), 'event_streams_open')
   await waitUntil(() => ['api', 'api-2', 'api-3'].map(openOn).every((open) => open === 0), 'no stream left open on any replica', 30_000)
   t.pass('no stream left open on any replica')
 
