@@ -7,7 +7,8 @@ import { fileURLToPath } from 'node:url'
 import type { Config } from './config.js'
 import { badRequest, toApiError } from './errors.js'
 import { NO_STORE } from './plugins/app/http-cache.js'
-import { requestIdOf } from './plugins/app/request-log.js'
+import { countRequests } from './plugins/app/metrics.js'
+import { requestIdOf, requestLogger } from './plugins/app/request-log.js'
 import { MAX_ID_LENGTH } from './schemas/api.js'
 
 declare module 'fastify' {
@@ -58,6 +59,7 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
     // One line per request, written by plugins/app/request-log.ts.
     logController: new LogController({ disableRequestLogging: true }),
     genReqId: requestIdOf,
+    childLoggerFactory: requestLogger,
     // Answered by plugins/app/shutdown.ts, with the envelope.
     return503OnClosing: false,
     // Slow or silent clients: the whole request must arrive within
@@ -91,6 +93,7 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
   app.decorate('config', config)
   // Before every route, so that each request's span is named by its route.
   if (options.tracing !== undefined) await app.register(options.tracing)
+  await app.register(countRequests)
   // Third-party plugins first (they see every route added after them),
   // then the application's own, then the routes.
   await app.register(autoload, { dir: join(here, 'plugins/external') })

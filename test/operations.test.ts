@@ -79,6 +79,7 @@ t.test('/metrics: requests by route and status, the pool, streams, the poller', 
   await app.inject('/api/runs/run-ops-0')
   await app.inject('/api/runs/nope')
   await app.inject('/no/such/route')
+  await app.inject('/openapi.json') // a route added before the application's plugins
   await new Promise((resolve) => setTimeout(resolve, 100)) // a few polls
   const res = await app.inject('/metrics')
   t.equal(res.statusCode, 200)
@@ -88,6 +89,7 @@ t.test('/metrics: requests by route and status, the pool, streams, the poller', 
   t.match(text, /http_requests_total\{method="GET",route="\/api\/runs\/:runID",status_code="200"\} 1/)
   t.match(text, /http_requests_total\{method="GET",route="\/api\/runs\/:runID",status_code="404"\} 1/)
   t.match(text, /http_requests_total\{method="GET",route="unmatched",status_code="404"\} 1/)
+  t.match(text, /http_requests_total\{method="GET",route="\/openapi.json",status_code="200"\} 1/)
   t.match(text, /http_request_duration_seconds_bucket\{le="0\.1",method="GET",route="\/api\/runs",status_code="200"\} \d/)
   t.match(text, /db_pool_connections\{state="total"\} \d/)
   t.match(text, /db_pool_connections\{state="idle"\} \d/)

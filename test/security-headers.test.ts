@@ -1,10 +1,10 @@
 import helmet, { type FastifyHelmetOptions } from '@fastify/helmet'
 import Fastify from 'fastify'
 import t from 'tap'
-import { helmetOptions, securityHeaders } from '../plugins/external/helmet.js'
+import { API_SECURITY_HEADERS, helmetOptions, securityHeaders, servesPages } from '../plugins/external/helmet.js'
 import { build } from './helpers/app.js'
 
-// The security headers are helmet's, computed once (plugins/external/helmet.ts).
+// The security headers: the API's on every answer, helmet's (computed once) on pages (plugins/external/helmet.ts).
 
 t.test('the security headers are exactly those @fastify/helmet sets with the same options', async (t) => {
   const reference = Fastify()
@@ -18,11 +18,34 @@ t.test('the security headers are exactly those @fastify/helmet sets with the sam
   t.same(securityHeaders(), expected)
 })
 
-t.test('every response carries them: success, error, unknown route, docs', async (t) => {
+t.test('every answer of the API carries the API\'s: success, error, unknown route, probes, metrics, the OpenAPI document', async (t) => {
+  const app = await build(t)
+  const pageOnly = Object.keys(securityHeaders()).filter((name) => !(name in API_SECURITY_HEADERS))
+  t.ok(pageOnly.length >= 8, 'helmet\'s other headers')
+  for (const url of ['/health', '/ready', '/metrics', '/api/runs', '/api/runs/nope', '/api/events?limit=1', '/nowhere', '/openapi.json', '/api/events/stream?after_event_id=abc']) {
+    const response = await app.inject(url)
+    for (const [name, value] of Object.entries(API_SECURITY_HEADERS)) t.equal(response.headers[name], value, `${url}: ${name}`)
+    for (const name of pageOnly) t.notOk(name in response.headers, `${url}: no ${name}`)
+  }
+  t.equal((await app.inject('/api/runs')).headers['content-security-policy'], "default-src 'none'; frame-ancestors 'none'")
+})
+
+t.test('pages (the web UI, /docs) carry helmet\'s whole set', async (t) => {
   const app = await build(t)
   const headers = securityHeaders()
-  for (const url of ['/health', '/api/runs', '/api/runs/nope', '/nowhere', '/openapi.json']) {
+  for (const url of ['/', '/ui/style.css', '/docs/', '/docs/static/swagger-initializer.js']) {
     const response = await app.inject(url)
-    for (const [name, value] of Object.entries(headers)) t.equal(response.headers[name], value, `${url}: ${name}`)
+    for (const [name, value] of Object.entries(headers)) {
+      // @fastify/swagger-ui sets the policy of its own pages (staticCSP).
+      if (name === 'content-security-policy' && url.startsWith('/docs/')) t.match(response.headers[name], /script-src 'self'/, `${url}: swagger-ui's ${name}`)
+      else t.equal(response.headers[name], value, `${url}: ${name}`)
+    }
   }
+  // A HEAD of a page too (Fastify adds it as a route of its own).
+  t.equal((await app.inject({ method: 'HEAD', url: '/' })).headers['x-frame-options'], headers['x-frame-options'])
+})
+
+t.test('which routes serve pages', async (t) => {
+  for (const url of ['/', '/ui/style.css', '/ui/build/*', '/docs', '/docs/static/*']) t.ok(servesPages(url), url)
+  for (const url of ['/api/runs', '/api/events/stream', '/api/streams/runs/:run_id', '/health', '/ready', '/metrics', '/openapi.json']) t.notOk(servesPages(url), url)
 })

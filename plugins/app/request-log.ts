@@ -2,7 +2,7 @@ import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { randomUUID } from 'node:crypto'
 import type { IncomingMessage } from 'node:http'
-import type { Logger } from 'pino'
+import type { Bindings, ChildLoggerOptions, Level, LevelWithSilentOrString, LogFn, Logger } from 'pino'
 
 /** An incoming X-Request-Id is honoured when it looks like an id; otherwise one is made. */
 const REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/
@@ -18,8 +18,48 @@ export function loggableUrl (url: string): string {
   return url.replace(/([?&]access_token=)[^&#]*/gi, '$1[redacted]')
 }
 
-/** The route a request matched, as its pattern (`/api/runs/:runID`), or `unmatched`: for logs and metrics. */
-export const routeOf = (request: FastifyRequest) => request.routeOptions.url ?? 'unmatched'
+/** How logs and metrics name the route of a request that matched none. */
+export const UNMATCHED = 'unmatched'
+
+/** The route a request matched, as its pattern (`/api/runs/:runID`), or `unmatched`: for logs. */
+export const routeOf = (request: FastifyRequest) => request.routeOptions.url ?? UNMATCHED
+
+/**
+ * A request's logger that makes its pino child only when a line goes
+ * through it: the child serializes its bindings (the request id) when it
+ * is made, about 0.7 µs, and at the default level most requests write no
+ * line at all. A call at a level that is off returns without making it.
+ */
+interface RequestLogger extends Pick<FastifyBaseLogger, Level | 'silent'> {}
+class RequestLogger implements FastifyBaseLogger {
+  #made: FastifyBaseLogger | undefined
+  constructor (private readonly parent: FastifyBaseLogger, private readonly bindings: Bindings, private readonly options: ChildLoggerOptions) {}
+
+  made (): FastifyBaseLogger {
+    return (this.#made ??= this.parent.child(this.bindings, this.options))
+  }
+
+  enabled (level: string): boolean {
+    return ((this.#made ?? this.parent) as Logger).isLevelEnabled(level)
+  }
+
+  get level (): LevelWithSilentOrString { return (this.#made ?? this.parent).level }
+  set level (level: LevelWithSilentOrString) { this.made().level = level }
+  isLevelEnabled (level: string): boolean { return this.enabled(level) }
+  child (bindings: Bindings, options?: ChildLoggerOptions): FastifyBaseLogger { return this.made().child(bindings, options) }
+}
+// The level methods, on the prototype: nothing is made per request.
+for (const level of ['fatal', 'error', 'warn', 'info', 'debug', 'trace'] as const) {
+  RequestLogger.prototype[level] = function (this: RequestLogger, ...args: Parameters<LogFn>) {
+    if (this.enabled(level)) this.made()[level](...args)
+  } as LogFn
+}
+RequestLogger.prototype.silent = () => {}
+
+/** Fastify's childLoggerFactory: each request's logger, made when first used (a route's own log level makes it at once). */
+export function requestLogger (logger: FastifyBaseLogger, bindings: Bindings, options: ChildLoggerOptions): FastifyBaseLogger {
+  return options.level === undefined ? new RequestLogger(logger, bindings, options) : logger.child(bindings, options)
+}
 
 /**
  * Liveness and readiness probes: polled every few seconds by orchestrators
