@@ -10,3 +10,10 @@ t.test('probes are logged at debug, every other request at info', async (t) => {
   const requests = lines.filter((line) => line.msg === 'request')
   t.same(requests.map((line) => [line.url, line.level]), [['/health', 20], ['/ready', 20], ['/api/runs', 30], ['/api/runs/nope', 30]])
 })
+
+t.test('at info, probes write no line; an unknown route is logged as unmatched', async (t) => {
+  const lines: Array<{ msg: string, url?: string, route?: string }> = []
+  const app = await build(t, {}, { logger: { level: 'info', stream: { write: (line: string) => { lines.push(JSON.parse(line)) } } } })
+  for (const url of ['/health', '/no/such/route']) await app.inject(url)
+  t.same(lines.filter((line) => line.msg === 'request').map((line) => [line.url, line.route]), [['/no/such/route', 'unmatched']])
+})

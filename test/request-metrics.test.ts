@@ -1,6 +1,7 @@
 import { Registry } from 'prom-client'
 import t from 'tap'
 import { RequestMetrics } from '../plugins/app/metrics.js'
+import { withRouteHook } from '../plugins/route-hooks.js'
 
 // Requests counted in plain numbers, read through prom-client's registry (plugins/app/metrics.ts).
 
@@ -38,4 +39,12 @@ t.test('counts, sums and cumulative buckets per method, route and status, in pro
   t.notMatch(await registry.metrics(), /route=/, 'reset: no series left')
   runs.count('GET', 200, 0.01)
   t.match(await registry.metrics(), 'http_requests_total{method="GET",route="/api/runs",status_code="200"} 1\n', 'counting again after a reset')
+})
+
+t.test('a route\'s hooks with one more: none declared, one, a list', async (t) => {
+  const hook = () => {}
+  const other = () => {}
+  t.same(withRouteHook(undefined, hook), [hook])
+  t.same(withRouteHook(other, hook), [other, hook])
+  t.same(withRouteHook([other, other], hook), [other, other, hook])
 })

@@ -1,6 +1,7 @@
 import fp from 'fastify-plugin'
 import type { onResponseHookHandler } from 'fastify'
 import { collectDefaultMetrics, Counter, Gauge, Registry, type Metric, type MetricValueWithName } from 'prom-client'
+import { withRouteHook } from '../route-hooks.js'
 import { UNMATCHED } from './request-log.js'
 
 declare module 'fastify' {
@@ -134,7 +135,7 @@ export const countRequests = fp(async function countRequests (app) {
       answers.count(request.method, reply.statusCode, reply.elapsedTime / 1000)
       done()
     }
-    route.onResponse = [...[route.onResponse ?? []].flat(), count]
+    route.onResponse = withRouteHook(route.onResponse, count)
   })
   const unmatched = requests.route(UNMATCHED)
   app.addHook('onResponse', (request, reply, done) => {

@@ -2,11 +2,13 @@ import type { onRequestHookHandler } from 'fastify'
 import fp from 'fastify-plugin'
 import helmet, { type HelmetOptions } from 'helmet'
 import type { IncomingMessage, ServerResponse } from 'node:http'
+import { withRouteHook } from '../route-hooks.js'
 
 /**
- * The security headers of pages (the web UI, /docs), as helmet sets them
- * with these options. The content security policy allows only this origin,
- * plus the inline styles and data: images the /docs page uses.
+ * Helmet's options: its whole set goes on pages (the web UI, /docs), its
+ * content security policy and nosniff on every answer (see below). The
+ * policy allows only this origin, plus the inline styles and data: images
+ * the /docs page uses.
  */
 export const helmetOptions: HelmetOptions = {
   contentSecurityPolicy: {
@@ -20,7 +22,7 @@ export const helmetOptions: HelmetOptions = {
       frameAncestors: ["'none'"]
     }
   },
-  // The API is read by browser UIs on other origins (CORS_ORIGINS).
+  // The UI's files may be embedded by pages of other origins.
   crossOriginResourcePolicy: { policy: 'cross-origin' },
   hsts: false // TLS is terminated in front of the service, which sets it
 }
@@ -46,21 +48,24 @@ export function securityHeaders (): Record<string, string> {
   return headers
 }
 
+/** Of helmet's headers, the two that govern any answer; the others govern pages (see below). */
+const FOR_EVERY_ANSWER = ['content-security-policy', 'x-content-type-options']
+
 /**
- * What every answer carries, an answer of the API being data that a
- * browser never renders as a page: no sniffing it into HTML or script, and
- * a policy that allows nothing and no framing (what OWASP's REST Security
- * Cheat Sheet asks of APIs; frame-ancestors is what X-Frame-Options was).
- * Helmet's other headers govern documents: the page's policy, referrers,
- * opener and agent-cluster isolation, DNS prefetch, the old IE and Flash
- * switches, and the cross-origin resource policy (which CORS reads, the
- * API's only cross-origin use, never consult). On the probes, the API and
- * its errors they only cost: the twelve were a quarter of /health's time,
- * and each header costs about 0.2 µs a request (BENCHMARKS.md).
+ * What every answer carries: helmet's content security policy (same
+ * origin only, no framing: what X-Frame-Options was) and nosniff, so that
+ * a browser never sniffs an answer into HTML or script; the two OWASP's
+ * REST Security Cheat Sheet asks of an API. Helmet's other headers govern
+ * documents: referrers, opener and agent-cluster isolation, DNS prefetch,
+ * the old IE and Flash switches, framing again, and the cross-origin
+ * resource policy (which CORS reads, the API's only cross-origin use,
+ * never consult). On the probes, the API and its errors they only cost:
+ * the twelve were a quarter of /health's time, each about 0.2 µs a
+ * request (BENCHMARKS.md).
  */
-export const API_SECURITY_HEADERS: Readonly<Record<string, string>> = {
-  'content-security-policy': "default-src 'none'; frame-ancestors 'none'",
-  'x-content-type-options': 'nosniff'
+export function apiSecurityHeaders (): Record<string, string> {
+  const all = securityHeaders()
+  return Object.fromEntries(FOR_EVERY_ANSWER.map((name) => [name, all[name]!]))
 }
 
 /** Routes that answer data, never a page: the API, the probes, the metrics and the OpenAPI document. */
@@ -75,8 +80,9 @@ export const servesPages = (url: string) => !url.startsWith('/api/') && !DATA_RO
  */
 export default fp(async function helmetPlugin (app) {
   const pageHeaders = securityHeaders()
+  const answerHeaders = apiSecurityHeaders()
   app.addHook('onRequest', (_request, reply, done) => {
-    reply.headers(API_SECURITY_HEADERS)
+    reply.headers(answerHeaders)
     done()
   })
   const setPageHeaders: onRequestHookHandler = (_request, reply, done) => {
@@ -84,6 +90,6 @@ export default fp(async function helmetPlugin (app) {
     done()
   }
   app.addHook('onRoute', (route) => {
-    if (servesPages(route.url)) route.onRequest = [...[route.onRequest ?? []].flat(), setPageHeaders]
+    if (servesPages(route.url)) route.onRequest = withRouteHook(route.onRequest, setPageHeaders)
   })
 }, { name: 'helmet' })
