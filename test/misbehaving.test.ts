@@ -12,7 +12,6 @@ const NON_READERS = 200
 const CHURN = 300
 const BUFFER_BOUND = 32 * 1024
 
-
 t.test('a cap on open streams: beyond it, a retry', async (t) => {
   const app = await build(t, { SSE_MAX_STREAMS: 3 })
   await app.listen({ port: 0, host: '127.0.0.1' })

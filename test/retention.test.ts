@@ -52,7 +52,6 @@ async function secondsUntilGone (ids: number[], timeoutMs: number): Promise<numb
   return goneAt - Number(created.at)
 }
 
-
 t.before(() => insertGraph({
   runs: [makeRun({ run_id: 'run-r' })],
   tasks: [makeTask({ run_id: 'run-r', task_id: 'task-r', status: 'blocked', latest_attempt_no: 1 })],

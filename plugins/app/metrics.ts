@@ -1,5 +1,5 @@
 import fp from 'fastify-plugin'
-import type { onResponseHookHandler } from 'fastify'
+import type { FastifyReply, FastifyRequest, onResponseHookHandler } from 'fastify'
 import { collectDefaultMetrics, Counter, Gauge, Registry, type Metric, type MetricValueWithName } from 'prom-client'
 import { withRouteHook } from '../route-hooks.js'
 import { UNMATCHED } from './request-log.js'
@@ -129,17 +129,19 @@ export class RequestMetrics {
 export const countRequests = fp(async function countRequests (app) {
   const requests = new RequestMetrics()
   app.decorate('requestMetrics', requests)
+  const countIn = (answers: RouteAnswers, request: FastifyRequest, reply: FastifyReply) =>
+    answers.count(request.method, reply.statusCode, reply.elapsedTime / 1000)
   app.addHook('onRoute', (route) => {
     const answers = requests.route(route.url)
     const count: onResponseHookHandler = (request, reply, done) => {
-      answers.count(request.method, reply.statusCode, reply.elapsedTime / 1000)
+      countIn(answers, request, reply)
       done()
     }
     route.onResponse = withRouteHook(route.onResponse, count)
   })
   const unmatched = requests.route(UNMATCHED)
   app.addHook('onResponse', (request, reply, done) => {
-    if (request.is404) unmatched.count(request.method, reply.statusCode, reply.elapsedTime / 1000)
+    if (request.is404) countIn(unmatched, request, reply)
     done()
   })
 }, { name: 'request-metrics' })

@@ -63,9 +63,8 @@ const FOR_EVERY_ANSWER = ['content-security-policy', 'x-content-type-options']
  * the twelve were a quarter of /health's time, each about 0.2 µs a
  * request (BENCHMARKS.md).
  */
-export function apiSecurityHeaders (): Record<string, string> {
-  const all = securityHeaders()
-  return Object.fromEntries(FOR_EVERY_ANSWER.map((name) => [name, all[name]!]))
+export function apiSecurityHeaders (helmets: Record<string, string>): Record<string, string> {
+  return Object.fromEntries(FOR_EVERY_ANSWER.map((name) => [name, helmets[name]!]))
 }
 
 /** Routes that answer data, never a page: the API, the probes, the metrics and the OpenAPI document. */
@@ -80,7 +79,7 @@ export const servesPages = (url: string) => !url.startsWith('/api/') && !DATA_RO
  */
 export default fp(async function helmetPlugin (app) {
   const pageHeaders = securityHeaders()
-  const answerHeaders = apiSecurityHeaders()
+  const answerHeaders = apiSecurityHeaders(pageHeaders)
   app.addHook('onRequest', (_request, reply, done) => {
     reply.headers(answerHeaders)
     done()
