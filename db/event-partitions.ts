@@ -1,5 +1,4 @@
 import type pg from 'pg'
-import { REGISTRATION_NAMESPACE } from './migrations/0003_event_order_without_lock.js'
 import { partitionName } from './migrations/0004_events_partitioned_by_id.js'
 
 /*
@@ -138,6 +137,12 @@ export async function createRange (client: pg.ClientBase, start: number, size: n
 }
 
 /**
+ * Takes the sequence's SHARE ROW EXCLUSIVE lock, held to the end of the
+ * transaction (see closeRange): re-stating its owner changes nothing else.
+ */
+export const HOLD_SEQUENCE = `alter sequence ${SEQUENCE} owned by events.event_id`
+
+/**
  * Moves the sequence to the end of a range it is inside of (`drawn` the
  * last id drawn, `end` the first id past the range), so that the range
  * receives no more ids and can be dropped once it expires. Returns false
@@ -145,16 +150,17 @@ export async function createRange (client: pg.ClientBase, start: number, size: n
  *
  * A short way is drawn with nextval, which is atomic: writers drawing
  * meanwhile only shorten it. The ids drawn here are never inserted: holes
- * that settle at once, since this session never registers as a writer.
+ * that settle once the statement has ended.
  *
  * A long way is jumped with setval, which would move the sequence BACK if a
- * writer drew past the target between our reading and our setting it. It
- * is made safe with the writers' registration (migration 0003): every
- * drawer first takes a shared lock keyed by the sequence's value at that
- * moment, held to its commit. Holding that key exclusively at the current
- * value, with no registered writer left (the census) and the value
- * unchanged since, means that no one can draw until this transaction
- * commits: a new writer would register under this very key and wait.
+ * writer drew past the target between our reading and our setting it. Every
+ * drawer holds the sequence's ROW EXCLUSIVE lock from its first draw to its
+ * end (migration 0008), and ALTER SEQUENCE takes SHARE ROW EXCLUSIVE, which
+ * conflicts with it: once this transaction holds that (by re-stating the
+ * sequence's owner, which changes nothing), no transaction that drew is in
+ * flight and none can draw until this one commits. It is tried only when
+ * the census finds no drawer in flight, so that writers rarely queue behind
+ * it, and waits at most lockTimeoutMs for one that came meanwhile.
  */
 export async function closeRange (client: pg.ClientBase, drawn: number, end: number, lockTimeoutMs: number): Promise<boolean> {
   const distance = end - 1 - drawn
@@ -162,17 +168,20 @@ export async function closeRange (client: pg.ClientBase, drawn: number, end: num
     await client.query(`select max(nextval('${SEQUENCE}')) from generate_series(1, $1::int)`, [distance])
     return true
   }
-  return inTransaction(client, lockTimeoutMs, async () => {
-    const current = `coalesce(pg_sequence_last_value('${SEQUENCE}'), 0)`
-    const { rows: [held] } = await client.query<{ at: string, locked: boolean }>(
-      `select at::text, pg_try_advisory_xact_lock((${REGISTRATION_NAMESPACE}::bigint << 52) + at) as locked from (select ${current} as at) s`)
-    if (!held!.locked) return false
-    const { rows: [census] } = await client.query<{ alone: boolean }>(
-      `select b.waiting_pid is null and ${current} = $1::bigint and ${current} < $2::bigint as alone from events_settle_bound() b`, [held!.at, end - 1])
-    if (!census!.alone) return false
-    await client.query(`select setval('${SEQUENCE}', $1::bigint)`, [end - 1])
-    return true
-  })
+  const { rows: [census] } = await client.query<{ alone: boolean }>('select cardinality(writers) = 0 as alone from events_settle_bound()')
+  if (!census!.alone) return false
+  try {
+    return await inTransaction(client, lockTimeoutMs, async () => {
+      await client.query(HOLD_SEQUENCE)
+      const { drawn: now } = await sequencePosition(client)
+      if (now >= end - 1) return false
+      await client.query(`select setval('${SEQUENCE}', $1::bigint)`, [end - 1])
+      return true
+    })
+  } catch (err) {
+    if (isLockTimeout(err)) return false
+    throw err
+  }
 }
 
 /**

@@ -51,16 +51,35 @@ export interface SettleBound {
   waitingPid: number | null
   /** How old the clock is, in seconds (standby only: there it is all the bound has). */
   clockAge: number | null
+  /** What the next call needs to bound the writers this one saw (primary only). */
+  census: WriterCensus | undefined
+}
+
+/**
+ * A census of the event writers in flight (migration 0008): the sequence's
+ * value it read, and each writer's transaction with the id its events are
+ * above. Handed to the next census, it lets that one bound each writer:
+ * one seen here keeps its bound, a new one drew after `drawn`.
+ */
+export interface WriterCensus {
+  drawn: string
+  writers: string[]
+  bounds: string[]
 }
 
 /**
  * Where the log is settled, for snapshots taken from now on: on a primary,
  * up to the lowest id an event-writing transaction in flight may still
  * commit; on a standby, up to the clock the primary's upkeep writes.
+ * `prior` is the census of the caller's previous call, if it made one: the
+ * later a census, the closer to each writer's first id its bound is.
  */
-export async function settleBound (db: Db): Promise<SettleBound> {
-  const { rows: [row] } = await sql<{ bound: string, waiting_pid: number | null, clock_age: number | null }>`select bound, waiting_pid, clock_age from events_settle_bound()`.execute(db)
-  return { bound: Number(row!.bound), waitingPid: row!.waiting_pid, clockAge: row!.clock_age }
+export async function settleBound (db: Db, prior?: WriterCensus): Promise<SettleBound> {
+  const { rows: [row] } = await sql<{ bound: string, waiting_pid: number | null, clock_age: number | null, drawn: string | null, writers: string[], writer_bounds: string[] }>`
+    select bound, waiting_pid, clock_age, drawn, writers, writer_bounds
+    from events_settle_bound(${prior?.drawn ?? null}::bigint, ${prior?.writers ?? []}::text[], ${prior?.bounds ?? []}::bigint[])`.execute(db)
+  const census = row!.drawn === null ? undefined : { drawn: row!.drawn, writers: row!.writers, bounds: row!.writer_bounds }
+  return { bound: Number(row!.bound), waitingPid: row!.waiting_pid, clockAge: row!.clock_age, census }
 }
 
 /**

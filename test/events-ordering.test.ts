@@ -1,7 +1,7 @@
 import { sql } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
-import { REGISTRATION_NAMESPACE } from '../db/migrations/0003_event_order_without_lock.js'
+import { writeClock } from '../db/event-log.js'
 import { build } from './helpers/app.js'
 import { testDatabaseUrl } from './helpers/database.js'
 import { insertEvents, openStream } from './helpers/sse.js'
@@ -81,27 +81,85 @@ t.test('explicit ids (fixtures) are kept as given; later drawn ids stay above th
   await db.end()
 })
 
-t.test('registration (migration 0005): a transaction of many events takes a few shared locks, not one per event; a rolled-back savepoint takes its registration with it', async (t) => {
+interface Census { bound: number, waitingPid: number | null, drawn: string, writers: string[], bounds: string[] }
+
+t.test('the census (migration 0008): the writers in flight are the transactions that drew, each bounded by the census before it', async (t) => {
   const db = await client()
   t.teardown(() => db.end())
-  const registrations = async () => Number((await db.query(`select count(*) as n from pg_locks
-    where pid = pg_backend_pid() and locktype = 'advisory' and classid::bigint >> 20 = $1`, [REGISTRATION_NAMESPACE])).rows[0].n)
-  await db.query('begin')
-  await db.query(`insert into events (event_type) values ('one')`)
-  t.equal(await registrations(), 1, 'the first event registers')
-  await db.query(`insert into events (event_type) select 'many' from generate_series(1, 5000)`)
-  // Each registration sets the marker with probability 1/16: 300 without it is a chance of 4e-9.
-  t.ok(await registrations() < 300, `5,001 events, ${await registrations()} registrations`)
-  await db.query('commit')
+  const census = async (prior?: Census): Promise<Census> => {
+    const { rows: [row] } = await db.query(`select bound::text, waiting_pid, drawn::text, writers, writer_bounds
+      from events_settle_bound($1::bigint, $2::text[], $3::bigint[])`, [prior?.drawn ?? null, prior?.writers ?? [], prior?.bounds ?? []])
+    return { bound: Number(row.bound), waitingPid: row.waiting_pid, drawn: row.drawn, writers: row.writers, bounds: row.writer_bounds }
+  }
+  const session = async () => {
+    const connection = await client()
+    t.teardown(() => connection.end())
+    const pid = Number((await connection.query('select pg_backend_pid() as pid')).rows[0].pid)
+    const insert = async () => Number((await connection.query(`insert into events (event_type) values ('census') returning event_id`)).rows[0].event_id)
+    return { connection, pid, insert }
+  }
 
-  await db.query('begin')
-  await db.query('savepoint s')
-  await db.query(`insert into events (event_type) select 'undone' from generate_series(1, 500)`)
-  await db.query('rollback to savepoint s')
-  t.equal(await registrations(), 0, 'rolled back: the locks, and the marker with them, are gone')
-  await db.query(`insert into events (event_type) values ('kept')`)
-  t.equal(await registrations(), 1, 'so the next event registers again')
-  await db.query('commit')
+  const quiet = await census()
+  t.same({ writers: quiet.writers, bound: quiet.bound }, { writers: [], bound: Number(quiet.drawn) }, 'no writer in flight: settled up to the last id drawn')
+
+  const other = await session()
+  await other.connection.query('begin')
+  await other.connection.query('select pg_current_xact_id()')
+  await other.connection.query('update runs set status = status where false')
+  const c0 = await census()
+  t.same(c0.writers, [], 'an open transaction that drew no event id is no writer')
+
+  const a = await session()
+  await a.connection.query('begin')
+  const idA = await a.insert()
+  const c1 = await census(c0)
+  t.same({ bounds: c1.bounds, bound: c1.bound, waitingPid: c1.waitingPid }, { bounds: [c0.drawn], bound: Number(c0.drawn), waitingPid: a.pid },
+    'a new writer drew after the census before: bounded by its sequence value, and the bound waits for it')
+  t.ok(c1.bound < idA)
+
+  const b = await session()
+  const idB = await b.insert()
+  const c2 = await census(c1)
+  t.same({ writers: c2.writers, bounds: c2.bounds, bound: c2.bound }, { writers: c1.writers, bounds: c1.bounds, bound: Number(c0.drawn) },
+    `a writer seen before keeps its bound; ${idB}, committed above it, waits`)
+  t.equal(c2.drawn, String(idB))
+
+  await a.connection.query('savepoint s')
+  await a.insert()
+  await a.connection.query('rollback to savepoint s')
+  const c = await session()
+  await c.connection.query('begin')
+  await c.insert()
+  const c3 = await census(c2)
+  t.same(c3.bounds, [c0.drawn, c2.drawn], 'a savepoint rolled back leaves the writer in flight; the next writer is bounded by the census before it')
+  await a.connection.query('commit')
+  const c4 = await census(c3)
+  t.same({ bounds: c4.bounds, bound: c4.bound, waitingPid: c4.waitingPid }, { bounds: [c2.drawn], bound: Number(c2.drawn), waitingPid: c.pid }, 'the first writer ended: the bound moves up to the next')
+  await c.connection.query('commit')
+  const c5 = await census(c4)
+  t.same({ writers: c5.writers, bound: c5.bound, waitingPid: c5.waitingPid }, { writers: [], bound: Number(c5.drawn), waitingPid: null }, 'no writer left: settled up to the last id drawn')
+
+  // With no census before (a poller's first): the clock bounds a writer younger than it; an older one, only the floor.
+  const old = await session()
+  await old.connection.query('begin')
+  await old.connection.query('select pg_current_xact_id()')
+  const keeper = await client()
+  t.teardown(() => keeper.end())
+  await writeClock(keeper)
+  const clock = String((await db.query('select clock_value from event_log_state')).rows[0].clock_value)
+  const young = await session()
+  await young.connection.query('begin')
+  await young.insert()
+  t.same((await census()).bounds, [clock], 'a writer younger than the clock: above the clock\'s value')
+  const noXid = await session()
+  await noXid.connection.query('begin')
+  await noXid.connection.query(`select pg_sequence_last_value('events_event_id_seq')`) // holds the sequence's lock, and no transaction id yet
+  t.same((await census()).bounds, [clock, clock], 'a holder with no transaction id yet takes one younger than the clock')
+  await old.insert()
+  const floor = String((await db.query('select history_floor from event_log_state')).rows[0].history_floor)
+  const first = await census()
+  t.same({ bounds: first.bounds, waitingPid: first.waitingPid }, { bounds: [floor, clock, clock], waitingPid: old.pid }, 'a writer older than the clock: above the history\'s floor only')
+  for (const { connection } of [old, young, noXid, other]) await connection.query('commit')
 })
 
 t.test('events_settled reads the ids above its position by index, not the log below it (migration 0006)', async (t) => {

@@ -6,7 +6,7 @@ import { migrateToLatest } from '../db/migrate.js'
 import { migrations } from '../db/migrations/index.js'
 import { CONVERSION_MARGIN, DEFAULT_PARTITION, FIRST_PARTITION, partitionName, prepareConversion } from '../db/migrations/0004_events_partitioned_by_id.js'
 import {
-  closeRange, listPartitions, MIN_RANGE_IDS, NEXTVAL_CLOSE_LIMIT, PartitionKeeper, RANGES_AHEAD, sequencePosition, type KeeperLog, type KeeperOptions
+  closeRange, HOLD_SEQUENCE, listPartitions, MIN_RANGE_IDS, NEXTVAL_CLOSE_LIMIT, PartitionKeeper, RANGES_AHEAD, sequencePosition, type KeeperLog, type KeeperOptions
 } from '../db/event-partitions.js'
 import { extraDatabaseUrl, needsServer } from './helpers/database.js'
 import { sleep } from './helpers/wait.js'
@@ -73,7 +73,7 @@ t.test('the conversion keeps the table, its rows and its indexes: no rewrite', a
   const rowsBefore = await one(client, fingerprint)
   const drawn = await drawnOf(client)
 
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index'] })
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock'] })
   t.equal((await one<{ kind: string }>(client, `select relkind::text as kind from pg_class where oid = 'events'::regclass`)).kind, 'p', 'events is partitioned')
   const after = await client.query<{ oid: number, relfilenode: number, relname: string }>(`select c.oid::int, c.relfilenode::int, c.relname from pg_class c where c.oid = any($1)`, [before.map((row) => row.oid)])
   t.same(after.rows.map((row) => [row.oid, row.relfilenode]).sort(), before.map((row) => [row.oid, row.relfilenode]).sort(),
@@ -122,7 +122,7 @@ t.test('the conversion keeps the table, its rows and its indexes: no rewrite', a
     ['events_pkey', 'events_run_id_event_id_idx', 'events_thread_id_event_id_idx'])
   t.same(await one(client, 'select has_table_privilege(\'public\', \'events\', \'select\') as public'), { public: true })
   t.same(await placed(), { id: String(bound + 1_000_002), partition: 'events' }, 'the ordering default and trigger work again')
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index'] }, 'and up again')
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock'] }, 'and up again')
   t.equal((await one<{ n: number }>(client, 'select count(*)::int as n from events')).n, 1005)
 })
 
@@ -146,7 +146,7 @@ t.test('the CHECK is added and validated before the migrations\' transaction, an
   // Ids drawn past the bound since it was chosen: the migration chooses again.
   await prepareConversion(db)
   await client.query(`select setval('events_event_id_seq', ${10 + CONVERSION_MARGIN + 5})`)
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index'] })
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock'] })
   t.equal((await ranges(client))[0]!.end, 15 + 2 * CONVERSION_MARGIN)
   t.equal(await prepareConversion(db), false, 'nothing to prepare on a partitioned table')
 })
@@ -159,7 +159,7 @@ t.test('preparing gives up, leaving the work to the migration, when the table is
   t.equal(await prepareConversion(kysely(t, url)), false, 'the lock timeout ends the attempt')
   await holder.query('commit')
   t.equal((await client.query(`select 1 from pg_constraint where conrelid = 'events'::regclass and contype = 'c'`)).rowCount, 0)
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index'] })
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock'] })
 })
 
 t.test('ranges are made ahead of the sequence, above what the default partition holds', async (t) => {
@@ -242,17 +242,59 @@ t.test('setval never moves the sequence past a writer in flight', { skip: needsS
   await writer.query('insert into events (event_type) values (\'in flight\')')
   const [first] = await ranges(client)
   const drawn = await drawnOf(client)
-  t.equal(await closeRange(client, drawn, first!.end, 200), false, 'a registered writer: not now')
+  t.equal(await closeRange(client, drawn, first!.end, 200), false, 'a writer that drew, in flight: not now')
   t.equal(await drawnOf(client), drawn, 'the sequence did not move')
   await writer.query('commit')
   await writer.query('begin')
-  await writer.query('select events_register_writer()') // registered under the sequence's current value, about to draw
-  t.equal(await closeRange(client, drawn + 1, first!.end, 200), false, 'a writer registered at the current value: not now')
+  await writer.query('savepoint s')
+  await writer.query('insert into events (event_type) values (\'undone\')')
+  await writer.query('rollback to savepoint s')
+  t.equal(await closeRange(client, drawn + 1, first!.end, 200), false, 'a writer whose draw was rolled back to a savepoint: still in flight, not now')
   await writer.query('commit')
-  t.equal(await closeRange(client, drawn, first!.end, 200), true)
+  t.equal(await drawnOf(client), drawn + 1)
+
+  // A writer that draws after the census found none waits for the jump, and draws past it.
+  await writer.query('begin')
+  await writer.query('select 1 from events limit 1') // holds its snapshot, has drawn nothing
+  await client.query('begin')
+  await client.query(HOLD_SEQUENCE)
+  const late = writer.query('insert into events (event_type) values (\'late\') returning event_id::text as id')
+  await sleep(100)
+  await client.query('select setval(\'events_event_id_seq\', $1::bigint)', [first!.end - 1])
+  await client.query('commit')
+  t.equal((await late).rows[0].id, String(first!.end), 'a draw waits while the sequence\'s owner is re-stated, then continues above the jump')
+  await writer.query('commit')
+
+  await client.query('select setval(\'events_event_id_seq\', $1::bigint)', [drawn + 1])
+  t.equal(await closeRange(client, drawn + 1, first!.end, 200), true, 'no writer in flight: the jump')
   t.equal(await drawnOf(client), first!.end - 1)
   t.equal(await closeRange(client, first!.end - 1 - NEXTVAL_CLOSE_LIMIT - 5, first!.end, 200), false, 'the sequence already past the target: never backwards')
   t.equal(await drawnOf(client), first!.end - 1)
+
+  // A drawer in flight holds the jump's lock off; so does another jump, and then the jump gives up after its lock timeout.
+  await client.query('select setval(\'events_event_id_seq\', $1::bigint)', [drawn + 2])
+  await writer.query('begin')
+  await writer.query('select nextval(\'events_event_id_seq\')')
+  const other = await connect(t, url)
+  await other.query('begin')
+  await other.query('set local lock_timeout = 100')
+  await t.rejects(other.query(HOLD_SEQUENCE), { code: '55P03' }, 'a drawer in flight holds the jump\'s lock off')
+  await other.query('rollback')
+  await writer.query('commit')
+  await other.query('begin')
+  await other.query(HOLD_SEQUENCE)
+  t.equal(await closeRange(client, drawn + 3, first!.end, 100), false, 'the sequence held by another: not now, after the lock timeout')
+  await other.query('rollback')
+  t.equal(await drawnOf(client), drawn + 3)
+
+  // The jump needs the sequence's owner, as the rest of the upkeep needs the table's.
+  const role = `ocp_test_not_owner_${process.pid}`
+  await client.query(`create role ${role}`)
+  t.teardown(async () => { await client.query('reset role'); await client.query(`drop owned by ${role}`); await client.query(`drop role ${role}`) })
+  await client.query(`grant select, update on events_event_id_seq to ${role}`)
+  await client.query(`set role ${role}`)
+  await t.rejects(closeRange(client, drawn + 3, first!.end, 100), { code: '42501' }, 'a role that does not own the sequence: the pass fails, and says why')
+  await client.query('reset role')
 })
 
 t.test('with a retention: settled, expired ranges are dropped lowest first, and the floor raised in the same transaction', async (t) => {

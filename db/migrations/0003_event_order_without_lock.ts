@@ -94,22 +94,12 @@ export async function createWriterRegistration (db: Kysely<any>): Promise<void> 
   await sql`alter table events alter column event_id set default events_next_id()`.execute(db)
 }
 
-export async function up (db: Kysely<any>): Promise<void> {
-  await sql`alter sequence events_event_id_seq cache 1`.execute(db)
-
-  // One row: the history's floor (retention) and the clock (see above).
-  await sql`
-    create table if not exists event_log_state (
-      singleton boolean primary key default true check (singleton),
-      history_floor bigint not null default 0,
-      clock_value bigint not null default 0,
-      clock_xid xid8 not null default '0',
-      clock_at timestamptz not null default now()
-    )`.execute(db)
-  await sql`insert into event_log_state default values on conflict do nothing`.execute(db)
-
-  await createWriterRegistration(db)
-
+/**
+ * The census (primary) and the clock's bound (standby): events_settle_bound()
+ * as this migration made it (migration 0008 replaces it; its down migration
+ * puts this back).
+ */
+export async function createSettleBound (db: Kysely<any>): Promise<void> {
   const legacyLock = lockedEventOrder.EVENTS_WRITE_LOCK
   await sql`
     create or replace function events_settle_bound(out bound bigint, out waiting_pid integer, out clock_age double precision)
@@ -143,6 +133,25 @@ export async function up (db: Kysely<any>): Promise<void> {
       end if;
     end
     $$`.execute(db)
+}
+
+export async function up (db: Kysely<any>): Promise<void> {
+  await sql`alter sequence events_event_id_seq cache 1`.execute(db)
+
+  // One row: the history's floor (retention) and the clock (see above).
+  await sql`
+    create table if not exists event_log_state (
+      singleton boolean primary key default true check (singleton),
+      history_floor bigint not null default 0,
+      clock_value bigint not null default 0,
+      clock_xid xid8 not null default '0',
+      clock_at timestamptz not null default now()
+    )`.execute(db)
+  await sql`insert into event_log_state default values on conflict do nothing`.execute(db)
+
+  await createWriterRegistration(db)
+
+  await createSettleBound(db)
 
   // The settled position of the CALLING statement's snapshot (a stable
   // function runs in it): `known` (a position settled before the statement

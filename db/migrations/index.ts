@@ -6,6 +6,7 @@ import * as eventsPartitionedById from './0004_events_partitioned_by_id.js'
 import * as eventWritersInlined from './0005_event_writers_inlined.js'
 import * as eventsSettledByIndex from './0006_events_settled_by_index.js'
 import * as runsStatusIndex from './0007_runs_status_index.js'
+import * as eventsCensusBySequenceLock from './0008_events_census_by_sequence_lock.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -23,5 +24,6 @@ export const migrations: Record<string, Migration> = {
   '0004_events_partitioned_by_id': eventsPartitionedById,
   '0005_event_writers_inlined': eventWritersInlined,
   '0006_events_settled_by_index': eventsSettledByIndex,
-  '0007_runs_status_index': runsStatusIndex
+  '0007_runs_status_index': runsStatusIndex,
+  '0008_events_census_by_sequence_lock': eventsCensusBySequenceLock
 }

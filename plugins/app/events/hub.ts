@@ -1,5 +1,5 @@
 import type { FastifyBaseLogger, FastifyReply } from 'fastify'
-import { eventsAfterKept, settleBound, settledNow, type EventFilter, type StoredEvent } from '../../../db/events.js'
+import { eventsAfterKept, settleBound, settledNow, type EventFilter, type StoredEvent, type WriterCensus } from '../../../db/events.js'
 import type { Db } from '../../../db/schema.js'
 import { ApiError, cursorExpired } from '../../../errors.js'
 import { Subscriber, type Listener, type StreamFormat, type SubscriberOptions } from './subscriber.js'
@@ -70,8 +70,8 @@ export const CATCH_UP_PAGE_SIZE = 500
  *
  * Writers may commit ids out of order (migration 0003): the head is the
  * SETTLED position, never past an id that may still commit. Each poll first
- * asks where the log is settled (settleBound: before the rows' snapshot),
- * then hands out the events up to there and any run of ids just above it
+ * asks where the log is settled (settleBound, given the previous poll's
+ * census of the writers in flight: before the rows' snapshot), then hands out the events up to there and any run of ids just above it
  * with no hole. An event above a hole waits for the next poll; how long
  * delivery has waited is a metric, and a log line past SETTLE_WAIT_LOG_MS.
  *
@@ -92,6 +92,8 @@ export class EventHub {
   /** The highest event id handed to subscribers; undefined until first read. */
   #head: number | undefined
   #initializing: Promise<number> | undefined
+  /** The last census of the event writers in flight, handed to the next (db/events.ts). */
+  #census: WriterCensus | undefined
   #timer: NodeJS.Timeout | undefined
   /** When the pending timer fires (epoch ms). */
   #dueAt = 0
@@ -323,7 +325,10 @@ export class EventHub {
   /** The settled position, read from the database on first use (once, however many callers wait). */
   ready (): Promise<number> {
     if (this.#head !== undefined) return Promise.resolve(this.#head)
-    this.#initializing ??= settleBound(this.db).then(({ bound }) => settledNow(this.db, bound)).then((head) => {
+    this.#initializing ??= settleBound(this.db).then(({ bound, census }) => {
+      this.#census = census
+      return settledNow(this.db, bound)
+    }).then((head) => {
       this.#head ??= head
       this.#window ??= new EventWindow(this.#head, this.options.windowBytes)
       return this.#head
@@ -394,7 +399,8 @@ export class EventHub {
   /** Reads and hands out every event settled since the head. */
   async #poll (): Promise<void> {
     let head = await this.ready()
-    const { bound, waitingPid, clockAge } = await settleBound(this.db)
+    const { bound, waitingPid, clockAge, census } = await settleBound(this.db, this.#census)
+    this.#census = census
     let settled = Math.max(head, bound)
     let hole = false
     const window = this.#window!
