@@ -159,6 +159,10 @@ t.test('the census (migration 0008): the writers in flight are the transactions 
   const floor = String((await db.query('select history_floor from event_log_state')).rows[0].history_floor)
   const first = await census()
   t.same({ bounds: first.bounds, waitingPid: first.waitingPid }, { bounds: [floor, clock, clock], waitingPid: old.pid }, 'a writer older than the clock: above the history\'s floor only')
+  await noXid.insert()
+  const later = await census(first)
+  t.same(later.bounds, first.bounds, 'a writer that took its transaction id since the census before is still recognized, and keeps its bound')
+  t.not(later.writers.join(), first.writers.join(), 'its record now names its transaction id')
   for (const { connection } of [old, young, noXid, other]) await connection.query('commit')
 })
 

@@ -92,17 +92,25 @@ export async function up (db: Kysely<any>): Promise<void> {
             and l.database = (select oid from pg_database where datname = current_database()))
           or (l.locktype = 'transactionid' and l.mode = 'ExclusiveLock'))
       ), holders as (
-        select h.vxid, h.pid, max(age(x.transactionid)) as xid_age
+        select h.vxid, h.pid, (array_agg(x.transactionid::text order by age(x.transactionid) desc))[1] as xid,
+               max(age(x.transactionid)) as xid_age
         from locks h left join locks x on x.vxid = h.vxid and x.locktype = 'transactionid'
         where h.locktype = 'relation'
         group by h.vxid, h.pid
       ), census as (
-        select h.vxid, h.pid, coalesce(p.bound, greatest(prior_drawn,
+        -- A writer is recorded as 'virtual id:transaction id' (its oldest, the
+        -- top-level one; empty while it has none), and recognized by either:
+        -- it may take its transaction id after a census, and PREPARE
+        -- TRANSACTION gives it another virtual id.
+        select h.vxid || ':' || coalesce(h.xid, '') as writer, h.pid, coalesce(p.bound, greatest(prior_drawn,
           case when h.xid_age is null or h.xid_age < age(xid(clock.clock_xid)) then clock.clock_value end,
           clock.history_floor)) as bound
-        from holders h left join unnest(prior_writers, prior_bounds) p (vxid, bound) on p.vxid = h.vxid
+        from holders h left join lateral (
+          select min(p.bound) as bound from unnest(prior_writers, prior_bounds) p (writer, bound)
+          where split_part(p.writer, ':', 1) = h.vxid or split_part(p.writer, ':', 2) = h.xid
+        ) p on true
       )
-      select coalesce(array_agg(c.vxid order by c.bound), '{}'), coalesce(array_agg(c.bound order by c.bound), '{}'),
+      select coalesce(array_agg(c.writer order by c.bound), '{}'), coalesce(array_agg(c.bound order by c.bound), '{}'),
              (array_agg(c.pid order by c.bound))[1], min(c.bound)
         into writers, writer_bounds, waiting_pid, bound
         from census c;
