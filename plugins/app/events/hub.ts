@@ -71,8 +71,9 @@ export const CATCH_UP_PAGE_SIZE = 500
  * Writers may commit ids out of order (migration 0003): the head is the
  * SETTLED position, never past an id that may still commit. Each poll first
  * asks where the log is settled (settleBound, given the previous poll's
- * census of the writers in flight: before the rows' snapshot), then hands out the events up to there and any run of ids just above it
- * with no hole. An event above a hole waits for the next poll; how long
+ * census of the writers in flight: before the rows' snapshot), then hands
+ * out the events up to there and any run of ids just above it with no
+ * hole. An event above a hole waits for the next poll; how long
  * delivery has waited is a metric, and a log line past SETTLE_WAIT_LOG_MS.
  *
  * A wake-up source (wakeup.ts) calls wake() when something may have been
