@@ -42,6 +42,16 @@ export const badRequest = (message: string) => new ApiError('bad_request', messa
 export const cursorExpired = (name: string, cursor: number, floor: number) => new ApiError('cursor_expired',
   `${name} ${cursor} is older than the event history kept (events up to ${floor} are gone): refetch what you show, then resume from the X-Event-Cursor of that read`)
 
+/**
+ * An event cursor (`name`) inside a range of ids that a failover handed out
+ * again (after `after`, through `through`): the events it saw may be gone.
+ */
+export const cursorReissued = (name: string, cursor: number, after: number, through: number) => new ApiError('cursor_expired',
+  `${name} ${cursor} may name an event the database lost in a failover (the ids after ${after} up to ${through} were handed out again): refetch what you show, then resume from the X-Event-Cursor of that read`)
+/** A cursor read while the database is on a WAL timeline its keeper has not recorded yet (a standby just promoted). */
+export const timelinePending = (name: string) => new ApiError('unavailable',
+  `the database was just promoted, and whether ${name} names an event it lost is not known yet: retry in a moment`)
+
 /** SQLSTATE classes and codes that mean "the database cannot serve now", not "the request is wrong". */
 const unavailableSqlStates = [
   /^08/, // connection exception

@@ -1,11 +1,10 @@
 import type pg from 'pg'
-import { sequencePosition } from './event-partitions.js'
 
 /*
  * The event log's upkeep, on a connection that may write (never the request
- * pool): the clock that lets a hot standby settle the event order
- * (migration 0003), and the partitions that bound the history
- * (db/event-partitions.ts). Run by one replica at a time: the holder of UPKEEP_LOCK.
+ * pool): the settled position every reader relies on (migration 0009), and
+ * the partitions that bound the history (db/event-partitions.ts). Run by
+ * one replica at a time: the holder of UPKEEP_LOCK.
  */
 
 /** Session-level advisory lock held by the replica that keeps the event log. */
@@ -23,23 +22,23 @@ export async function readHistoryFloor (client: pg.ClientBase): Promise<number> 
   return Number(row!.floor)
 }
 
+/** What one tick of the keeper found. */
+export interface OrderTick {
+  /** The settled position it published. */
+  settled: number
+  historyFloor: number
+  epoch: number
+  /** Set when this tick started a new epoch: a failover (a new WAL timeline), or the sequence moved back. */
+  rewound: 'failover' | 'sequence' | null
+}
+
 /**
- * Writes the clock (and returns the history's floor): the sequence's value read BEFORE this transaction holds
- * an id, then that id. Every event id at or below the value was drawn by a
- * transaction whose id is below this one's (writers take theirs before they
- * draw), so a snapshot whose xmin has passed it sees each of those events or
- * never will.
+ * One tick (events_keep_order, migration 0009): a census of the event
+ * writers in flight, the settle mark raised, and the settled position
+ * published, committed to disk in one statement.
  */
-export async function writeClock (client: pg.ClientBase): Promise<number> {
-  await client.query('begin')
-  try {
-    const { drawn } = await sequencePosition(client)
-    const { rows: [state] } = await client.query<{ floor: string }>(
-      'update event_log_state set clock_value = $1, clock_xid = pg_current_xact_id(), clock_at = now() returning history_floor::text as floor', [drawn])
-    await client.query('commit')
-    return Number(state!.floor)
-  } catch (err) {
-    await client.query('rollback').catch(() => {})
-    throw err
-  }
+export async function keepOrder (client: pg.ClientBase): Promise<OrderTick> {
+  const { rows: [row] } = await client.query<{ settled: string, history_floor: string, epoch: number, rewound: OrderTick['rewound'] }>(
+    'select settled::text, history_floor::text, epoch, rewound from events_keep_order()')
+  return { settled: Number(row!.settled), historyFloor: Number(row!.history_floor), epoch: row!.epoch, rewound: row!.rewound }
 }

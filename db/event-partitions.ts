@@ -1,4 +1,5 @@
 import type pg from 'pg'
+import { keepOrder } from './event-log.js'
 import { partitionName } from './migrations/0004_events_partitioned_by_id.js'
 
 /*
@@ -155,7 +156,7 @@ export const HOLD_SEQUENCE = `alter sequence ${SEQUENCE} owned by events.event_i
  * A long way is jumped with setval, which would move the sequence BACK if a
  * writer drew past the target between our reading and our setting it. Every
  * drawer holds the sequence's ROW EXCLUSIVE lock from its first draw to its
- * end (migration 0008), and ALTER SEQUENCE takes SHARE ROW EXCLUSIVE, which
+ * end, and ALTER SEQUENCE takes SHARE ROW EXCLUSIVE, which
  * conflicts with it: once this transaction holds that (by re-stating the
  * sequence's owner, which changes nothing), no transaction that drew is in
  * flight and none can draw until this one commits. It is tried only when
@@ -168,7 +169,7 @@ export async function closeRange (client: pg.ClientBase, drawn: number, end: num
     await client.query(`select max(nextval('${SEQUENCE}')) from generate_series(1, $1::int)`, [distance])
     return true
   }
-  const { rows: [census] } = await client.query<{ alone: boolean }>('select cardinality(writers) = 0 as alone from events_settle_bound()')
+  const { rows: [census] } = await client.query<{ alone: boolean }>('select cardinality(writers) = 0 as alone from events_census(0, 0)')
   if (!census!.alone) return false
   try {
     return await inTransaction(client, lockTimeoutMs, async () => {
@@ -237,9 +238,13 @@ async function firstCreatedAt (client: pg.ClientBase, partition: string): Promis
   return row === undefined ? null : Number(row.ms)
 }
 
+/**
+ * The settled position, freshly published (a tick of the keeper, migration
+ * 0009, which may follow a range just closed): no id at or below it can
+ * still commit, nor be inserted later.
+ */
 async function settledBound (client: pg.ClientBase): Promise<number> {
-  const { rows: [row] } = await client.query<{ bound: string }>('select bound::text from events_settle_bound()')
-  return Number(row!.bound)
+  return (await keepOrder(client)).settled
 }
 
 export interface KeeperOptions {

@@ -8,11 +8,11 @@ import type { Db } from './schema.js'
  * exact up to 2^53, which a log growing a million events a second reaches
  * in about 285 years.
  *
- * Writers may commit ids out of order (migration 0003), so no read goes
- * past the SETTLED position: the highest id at or below which every id is
- * visible or will never commit. The hub settles it as it polls
- * (settleBound, then the rows); a single statement settles its own from a
- * position known before it began (settledPosition).
+ * Writers may commit ids out of order, so no read goes past the SETTLED
+ * position: the highest id at or below which every id is visible or will
+ * never commit. The event log's keeper publishes one (LogState.settled,
+ * migration 0009); a reader extends it over the visible ids just above it,
+ * in the snapshot it reads with (settledPosition), or as it polls (the hub).
  */
 
 export interface EventFilter {
@@ -38,49 +38,75 @@ const envelope = rowJson(Event, 'e')
 /**
  * The settled position of the statement's own snapshot, as text: `known`
  * (a position settled before the statement began: the hub's) or the
- * clock's, extended over the ids just above it that are all visible.
+ * keeper's, extended over the ids just above it that are all visible.
  * Every event at or below it is visible to the statement or never commits.
  */
 const settled = (known: number | string) => sql<string>`events_settled(${known}::bigint)`
 export const settledPosition = (known: number | string) => sql<string>`${settled(known)}::text`
 
-export interface SettleBound {
-  /** Every id at or below it is settled for any snapshot taken after this call returned. */
-  bound: number
-  /** The backend of the event writer the bound waits for, when one holds it back (primary only). */
+/** What the event log's keeper publishes (event_log_state), as a reader needs it. */
+export interface LogState {
+  /** Every id at or below it is visible, or never commits (the keeper's census). */
+  settled: number
+  /** The history's floor (EVENTS_RETENTION): every event at or below it may be gone. */
+  floor: number
+  /** Moves on when ids may be handed out again (a failover, a sequence moved back); epochBase is the highest id the epochs share. */
+  epoch: number
+  epochBase: number
+  /** Ranges (after, through] of ids handed out again after a failover: a cursor in one may have seen events that are gone. */
+  reissued: Array<[number, number]>
+  /** The WAL timeline the statement ran on (null on a hot standby), and whether the keeper has not recorded it yet: a standby was just promoted. */
+  timeline: number | null
+  newTimeline: boolean
+  /** The writer the keeper's settled position waits for: its backend, or a prepared transaction's name. */
   waitingPid: number | null
-  /** How old the clock is, in seconds (standby only: there it is all the bound has). */
-  clockAge: number | null
-  /** What the next call needs to bound the writers this one saw (primary only). */
-  census: WriterCensus | undefined
+  waitingTransaction: string | null
+  /** Prepared transactions among the writers in flight. */
+  preparedWriters: number
+  /** Seconds since the keeper last settled the order; null before it first did. */
+  settledAge: number | null
 }
 
-/**
- * A census of the event writers in flight (migration 0008): the sequence's
- * value it read, and each writer's transaction with the id its events are
- * above. Handed to the next census, it lets that one bound each writer:
- * one seen here keeps its bound, a new one drew after `drawn`.
- */
-export interface WriterCensus {
-  drawn: string
-  writers: string[]
-  bounds: string[]
+interface LogStateRow {
+  settled: string
+  floor: string
+  epoch: number
+  epoch_base: string
+  reissued: string[]
+  timeline: string | null
+  new_timeline: boolean
+  waiting_pid: number | null
+  waiting_transaction: string | null
+  prepared_writers: number
+  settled_age: number | null
 }
 
-/**
- * Where the log is settled, for snapshots taken from now on: on a primary,
- * up to the lowest id an event-writing transaction in flight may still
- * commit; on a standby, up to the clock the primary's upkeep writes.
- * `prior` is the census of the caller's previous call, if it made one: the
- * later a census, the closer to each writer's first id its bound is.
- */
-export async function settleBound (db: Db, prior?: WriterCensus): Promise<SettleBound> {
-  const { rows: [row] } = await sql<{ bound: string, waiting_pid: number | null, clock_age: number | null, drawn: string | null, writers: string[], writer_bounds: string[] }>`
-    select bound, waiting_pid, clock_age, drawn, writers, writer_bounds
-    from events_settle_bound(${prior?.drawn ?? null}::bigint, ${prior?.writers ?? []}::text[], ${prior?.bounds ?? []}::bigint[])`.execute(db)
-  const census = row!.drawn === null ? undefined : { drawn: row!.drawn, writers: row!.writers, bounds: row!.writer_bounds }
-  return { bound: Number(row!.bound), waitingPid: row!.waiting_pid, clockAge: row!.clock_age, census }
-}
+/** The row of LogState, as one subquery (`s`) that any read can join. */
+const logStateRow = sql<LogStateRow>`(select s.settled::text, s.history_floor::text as floor, s.epoch, s.epoch_base::text,
+    array(select (lower(r) - 1)::text || ':' || (upper(r) - 1)::text from unnest(s.reissued) r) as reissued,
+    t.timeline, coalesce(t.timeline <> s.timeline, false) as new_timeline,
+    s.waiting_pid, s.waiting_transaction, s.prepared_writers,
+    extract(epoch from clock_timestamp() - s.settled_at)::float8 as settled_age
+  from event_log_state s, (select events_timeline() as timeline) t)`
+
+
+const toLogState = (row: LogStateRow): LogState => ({
+  settled: Number(row.settled),
+  floor: Number(row.floor),
+  epoch: row.epoch,
+  epochBase: Number(row.epoch_base),
+  reissued: row.reissued.map((range) => range.split(':').map(Number) as [number, number]),
+  timeline: row.timeline === null ? null : Number(row.timeline),
+  newTimeline: row.new_timeline,
+  waitingPid: row.waiting_pid,
+  waitingTransaction: row.waiting_transaction,
+  preparedWriters: row.prepared_writers,
+  settledAge: row.settled_age
+})
+
+/** The reissued range (after, through] that holds `cursor`, if one does. */
+export const reissuedRange = (state: Pick<LogState, 'reissued'>, cursor: number): [number, number] | undefined =>
+  state.reissued.find(([after, through]) => cursor > after && cursor <= through)
 
 /**
  * The history's floor (EVENTS_RETENTION), one row: every event at or below
@@ -105,6 +131,12 @@ export async function settledNow (db: Db, known: number): Promise<number> {
   return Number(row.id)
 }
 
+/** settledNow, with the keeper's state read in the same statement. */
+export async function settledNowWithState (db: Db, known: number): Promise<{ position: number, state: LogState }> {
+  const row = await db.selectFrom(logStateRow.as('s')).selectAll('s').select(settledPosition(known).as('position')).executeTakeFirstOrThrow()
+  return { position: Number(row.position), state: toLogState(row) }
+}
+
 /** The columns a StoredEvent is read from, and the reading. */
 const storedEventColumns = ['e.event_id', 'e.run_id', 'e.thread_id', envelope.as('json')] as const
 const toStoredEvent = (row: { event_id: string, run_id: string, thread_id: string, json: string }): StoredEvent =>
@@ -112,30 +144,31 @@ const toStoredEvent = (row: { event_id: string, run_id: string, thread_id: strin
 
 /**
  * Up to `limit` events in (afterId, upTo] that match `filter`, ascending,
- * with the history's floor read in the same statement: the events are only
- * what the client missed when `afterId` is at or above it. `upTo` must be
- * settled (the hub's head): nothing above it is read. Without `upTo`, the
- * visible events, settled or not: only the hub reads so, and settles what
- * it reads.
+ * with the keeper's state read in the same statement: the events are only
+ * what the client missed when `afterId` is at or above the history's floor
+ * and in no reissued range. `upTo` must be settled (the hub's head):
+ * nothing above it is read. Without `upTo`, the visible events, settled or
+ * not: only the hub reads so, and settles what it reads.
  */
-export async function eventsAfterKept (db: Db, afterId: number, filter: EventFilter, limit: number, upTo?: number): Promise<{ floor: number, events: StoredEvent[] }> {
+export async function eventsAfterKept (db: Db, afterId: number, filter: EventFilter, limit: number, upTo?: number): Promise<{ state: LogState, events: StoredEvent[] }> {
   const page = matchingAfter(db, afterId, filter, limit, upTo).select(storedEventColumns)
-  const rows = await db.selectFrom(sql<{ floor: string }>`(select ${historyFloor}::text as floor)`.as('s'))
+  const rows = await db.selectFrom(logStateRow.as('s'))
     .leftJoinLateral(page.as('p'), (join) => join.onTrue())
-    .select(['s.floor', 'p.event_id', 'p.run_id', 'p.thread_id', 'p.json'])
+    .selectAll('s')
+    .select(['p.event_id', 'p.run_id', 'p.thread_id', 'p.json'])
     .orderBy('p.event_id')
     .execute()
   const events = rows.flatMap(({ event_id: eventId, run_id: runId, thread_id: threadId, json }) =>
     eventId === null ? [] : [toStoredEvent({ event_id: eventId, run_id: runId!, thread_id: threadId!, json: json! })])
-  return { floor: Number(rows[0]!.floor), events }
+  return { state: toLogState(rows[0]!), events }
 }
 
 export interface EventPage {
   body: string
   /** Where the client resumes: the last event returned when the page is full, else the settled position. */
   cursor: string
-  /** The history's floor, read in the same statement. */
-  floor: number
+  /** The keeper's state, read in the same statement (its floor above all). */
+  state: LogState
   /** Whether the page holds `limit` events: then no event can ever join it (they are all settled). */
   full: boolean
 }
@@ -157,11 +190,11 @@ export async function listEvents (db: Db, afterId: number | undefined, filter: E
       jsonObject({ events: jsonArray(sql`p.item`, sql`p.event_id`) }).as('body'),
       sql<string>`case when count(*) = ${limit} then max(p.event_id)
         else greatest(${after}, ${settled(known)}) end::text`.as('cursor'),
-      sql<string>`${historyFloor}::text`.as('floor'),
+      sql<LogStateRow>`(select to_json(s) from ${logStateRow} s)`.as('state'),
       sql<boolean>`count(*) = ${limit}`.as('full')
     ])
     .executeTakeFirstOrThrow()
-  return { ...row, floor: Number(row.floor) }
+  return { ...row, state: toLogState(row.state) }
 }
 
 /**

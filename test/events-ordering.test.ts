@@ -1,15 +1,14 @@
 import { sql } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
-import { writeClock } from '../db/event-log.js'
 import { build } from './helpers/app.js'
 import { testDatabaseUrl } from './helpers/database.js'
 import { insertEvents, openStream } from './helpers/sse.js'
 
-// Writers draw ids and commit in any order, and none waits for another
-// (migration 0003); the reader settles the order: the stream never skips an
-// event whose transaction drew its id early and committed late, and never
-// passes an id still in flight.
+// Writers draw ids and commit in any order, and none waits for another;
+// the reader settles the order (the keeper's census, migration 0009): the
+// stream never skips an event whose transaction drew its id early and
+// committed late, and never passes an id still in flight.
 
 const WRITERS = 48
 const ROUNDS = 3
@@ -74,22 +73,22 @@ t.test('explicit ids (fixtures) are kept as given; later drawn ids stay above th
   const next = await db.query(`insert into events (event_type) values ('after') returning event_id`)
   t.ok(Number(next.rows[0].event_id) > explicit, 'a drawn id continues above it')
   const low = await db.query('insert into events (event_id, event_type) values ($1, $2) returning event_id', [top + 1, 'below'])
-  t.equal(Number(low.rows[0].event_id), top + 1, 'an explicit id below the sequence is kept too')
+  t.equal(Number(low.rows[0].event_id), top + 1, 'an explicit id below the sequence, not yet settled, is kept too (once settled, refused: writer-forms.test.ts)')
   await t.rejects(db.query('insert into events (event_id, event_type) values ($1, $2)', [explicit, 'again']), { code: '23505' }, 'a duplicate is a primary-key violation, as ever')
   const idempotent = await db.query('insert into events (event_id, event_type) values ($1, $2) on conflict (event_id) do nothing returning event_id', [explicit, 'again'])
   t.equal(idempotent.rowCount, 0, 'so ON CONFLICT DO NOTHING makes fixture loading idempotent')
   await db.end()
 })
 
-interface Census { bound: number, waitingPid: number | null, drawn: string, writers: string[], bounds: string[] }
+interface Census { drawn: string, mark: string, writers: string[], drawBounds: string[], lateBounds: string[], waitingPid: number | null }
 
-t.test('the census (migration 0008): the writers in flight are the transactions that drew, each bounded by the census before it', async (t) => {
+t.test('the census (migration 0009): the writers in flight are the holders of the sequence\'s lock, each bounded by the census before it', async (t) => {
   const db = await client()
   t.teardown(() => db.end())
-  const census = async (prior?: Census): Promise<Census> => {
-    const { rows: [row] } = await db.query(`select bound::text, waiting_pid, drawn::text, writers, writer_bounds
-      from events_settle_bound($1::bigint, $2::text[], $3::bigint[])`, [prior?.drawn ?? null, prior?.writers ?? [], prior?.bounds ?? []])
-    return { bound: Number(row.bound), waitingPid: row.waiting_pid, drawn: row.drawn, writers: row.writers, bounds: row.writer_bounds }
+  const census = async (prior: Census): Promise<Census> => {
+    const { rows: [row] } = await db.query(`select drawn::text, mark::text, writers, draw_bounds::text[], late_bounds::text[], waiting_pid
+      from events_census($1::bigint, $2::bigint, $3::text[], $4::bigint[], $5::bigint[])`, [prior.drawn, prior.mark, prior.writers, prior.drawBounds, prior.lateBounds])
+    return { drawn: row.drawn, mark: row.mark, writers: row.writers, drawBounds: row.draw_bounds, lateBounds: row.late_bounds, waitingPid: row.waiting_pid }
   }
   const session = async () => {
     const connection = await client()
@@ -98,30 +97,29 @@ t.test('the census (migration 0008): the writers in flight are the transactions 
     const insert = async () => Number((await connection.query(`insert into events (event_type) values ('census') returning event_id`)).rows[0].event_id)
     return { connection, pid, insert }
   }
-
-  const quiet = await census()
-  t.same({ writers: quiet.writers, bound: quiet.bound }, { writers: [], bound: Number(quiet.drawn) }, 'no writer in flight: settled up to the last id drawn')
+  const now = (await db.query(`select last_value::text as v from events_settle_mark`)).rows[0].v
+  const quiet = await census({ drawn: now, mark: now, writers: [], drawBounds: [], lateBounds: [], waitingPid: null })
+  t.same(quiet.writers, [], 'no writer in flight')
 
   const other = await session()
   await other.connection.query('begin')
   await other.connection.query('select pg_current_xact_id()')
   await other.connection.query('update runs set status = status where false')
-  const c0 = await census()
+  const c0 = await census(quiet)
   t.same(c0.writers, [], 'an open transaction that drew no event id is no writer')
 
   const a = await session()
   await a.connection.query('begin')
   const idA = await a.insert()
   const c1 = await census(c0)
-  t.same({ bounds: c1.bounds, bound: c1.bound, waitingPid: c1.waitingPid }, { bounds: [c0.drawn], bound: Number(c0.drawn), waitingPid: a.pid },
-    'a new writer drew after the census before: bounded by its sequence value, and the bound waits for it')
-  t.ok(c1.bound < idA)
+  t.same({ drawBounds: c1.drawBounds, lateBounds: c1.lateBounds, waitingPid: c1.waitingPid }, { drawBounds: [c0.drawn], lateBounds: [c0.mark], waitingPid: a.pid },
+    'a new writer took the lock after the census before read pg_locks: it draws above that census\'s sequence value, and inserts nothing at or below its mark')
+  t.ok(Number(c1.drawBounds[0]) < idA)
 
   const b = await session()
   const idB = await b.insert()
   const c2 = await census(c1)
-  t.same({ writers: c2.writers, bounds: c2.bounds, bound: c2.bound }, { writers: c1.writers, bounds: c1.bounds, bound: Number(c0.drawn) },
-    `a writer seen before keeps its bound; ${idB}, committed above it, waits`)
+  t.same({ writers: c2.writers, drawBounds: c2.drawBounds }, { writers: c1.writers, drawBounds: c1.drawBounds }, `a writer seen before keeps its bounds; ${idB}, committed above it, is no writer`)
   t.equal(c2.drawn, String(idB))
 
   await a.connection.query('savepoint s')
@@ -131,39 +129,51 @@ t.test('the census (migration 0008): the writers in flight are the transactions 
   await c.connection.query('begin')
   await c.insert()
   const c3 = await census(c2)
-  t.same(c3.bounds, [c0.drawn, c2.drawn], 'a savepoint rolled back leaves the writer in flight; the next writer is bounded by the census before it')
+  t.same(c3.drawBounds, [c0.drawn, c2.drawn], 'a savepoint rolled back leaves the writer in flight; the next writer is bounded by the census before it')
   await a.connection.query('commit')
   const c4 = await census(c3)
-  t.same({ bounds: c4.bounds, bound: c4.bound, waitingPid: c4.waitingPid }, { bounds: [c2.drawn], bound: Number(c2.drawn), waitingPid: c.pid }, 'the first writer ended: the bound moves up to the next')
+  t.same({ drawBounds: c4.drawBounds, waitingPid: c4.waitingPid }, { drawBounds: [c2.drawn], waitingPid: c.pid }, 'the first writer ended: the lowest bound is the next one\'s')
   await c.connection.query('commit')
-  const c5 = await census(c4)
-  t.same({ writers: c5.writers, bound: c5.bound, waitingPid: c5.waitingPid }, { writers: [], bound: Number(c5.drawn), waitingPid: null }, 'no writer left: settled up to the last id drawn')
+  t.same((await census(c4)).writers, [], 'no writer left')
 
-  // With no census before (a poller's first): the clock bounds a writer younger than it; an older one, only the floor.
-  const old = await session()
-  await old.connection.query('begin')
-  await old.connection.query('select pg_current_xact_id()')
-  const keeper = await client()
-  t.teardown(() => keeper.end())
-  await writeClock(keeper)
-  const clock = String((await db.query('select clock_value from event_log_state')).rows[0].clock_value)
-  const young = await session()
-  await young.connection.query('begin')
-  await young.insert()
-  t.same((await census()).bounds, [clock], 'a writer younger than the clock: above the clock\'s value')
-  const noXid = await session()
-  await noXid.connection.query('begin')
-  await noXid.connection.query(`select pg_sequence_last_value('events_event_id_seq')`) // holds the sequence's lock, and no transaction id yet
-  t.same((await census()).bounds, [clock, clock], 'a holder with no transaction id yet takes one younger than the clock')
-  await old.insert()
-  const floor = String((await db.query('select history_floor from event_log_state')).rows[0].history_floor)
-  const first = await census()
-  t.same({ bounds: first.bounds, waitingPid: first.waitingPid }, { bounds: [floor, clock, clock], waitingPid: old.pid }, 'a writer older than the clock: above the history\'s floor only')
-  await noXid.insert()
+  // A transaction that draws with nextval before it holds a transaction id is a writer all the same, and stays one when it takes an id.
+  const early = await session()
+  await early.connection.query('begin')
+  await early.connection.query(`select nextval('events_event_id_seq')`)
+  const first = await census(c4)
+  t.equal(first.writers.length, 1)
+  t.match(first.writers[0], /:$/, 'recorded with no transaction id yet')
+  await early.connection.query('select pg_current_xact_id()')
   const later = await census(first)
-  t.same(later.bounds, first.bounds, 'a writer that took its transaction id since the census before is still recognized, and keeps its bound')
+  t.same(later.drawBounds, first.drawBounds, 'still recognized once it takes a transaction id: it keeps its bounds')
   t.not(later.writers.join(), first.writers.join(), 'its record now names its transaction id')
-  for (const { connection } of [old, young, noXid, other]) await connection.query('commit')
+  for (const { connection } of [early, other]) await connection.query('commit')
+})
+
+t.test('a tick of the keeper (migration 0009): the settled position is the lowest bound, and the mark rises behind the writers', async (t) => {
+  const db = await client()
+  t.teardown(() => db.end())
+  const tick = async () => (await db.query(`select settled::text from events_keep_order()`)).rows[0].settled as string
+  const state = async () => (await db.query(`select settled::text, census_writers, (select last_value::text from events_settle_mark) as mark from event_log_state`)).rows[0]
+  const drawn = async () => (await db.query(`select last_value::text as v from events_event_id_seq`)).rows[0].v as string
+  await tick()
+  t.equal(await tick(), await drawn(), 'no writer in flight: settled up to the last id drawn')
+
+  const writer = await client()
+  t.teardown(() => writer.end())
+  await writer.query('begin')
+  const held = Number((await writer.query(`insert into events (event_type) values ('held') returning event_id`)).rows[0].event_id)
+  await insertEvents({ event_type: 'above' }, { event_type: 'above' })
+  await tick()
+  const waiting = await state()
+  t.ok(Number(waiting.settled) < held, 'a writer in flight holds it below its id')
+  t.ok(Number(waiting.mark) < held, 'and the mark too: the writer may insert its own id')
+  t.equal(waiting.census_writers.length, 1)
+  await writer.query('commit')
+  await tick()
+  t.equal(await tick(), await drawn(), 'the writer ended: settled up to the last id drawn again')
+  const { settled, mark } = await state()
+  t.ok(Number(mark) >= Number(settled), 'the mark is never below the settled position')
 })
 
 t.test('events_settled reads the ids above its position by index, not the log below it (migration 0006)', async (t) => {

@@ -187,7 +187,7 @@ t.test('the keeper\'s passes: a failure is logged once, the next tick tries agai
   await upkeep.settled()
   await upkeep.stop()
   t.same(lines.filter(([, message]) => /partitions/.test(message)), [
-    ['info', 'this replica keeps the event log (clock, partitions)'],
+    ['info', 'this replica keeps the event log (its settled position, partitions)'],
     ['warn', 'event log partitions: a pass failed; retrying on the next tick'],
     ['info', 'event log partitions: upkeep recovered']
   ])

@@ -7,6 +7,7 @@ import { EventHub } from '../plugins/app/events/hub.js'
 import { isRefusal } from '../plugins/app/events/wakeup.js'
 import { build } from './helpers/app.js'
 import { ownCluster } from './helpers/cluster.js'
+import { movableAddress } from './helpers/proxy.js'
 import { needsServer, testDatabaseUrl, withDatabase } from './helpers/database.js'
 import { openStream, type RawStream } from './helpers/sse.js'
 import { READER_ROLE, standbySkipReason, startReplicatedPostgres } from './helpers/standby.js'
@@ -114,7 +115,10 @@ t.test('through a hot standby: the wake-up connects to the standby the hub reads
   const pair = await startReplicatedPostgres(t)
   const database = 'ocp_wakeup'
   await pair.createDatabase(database)
-  const primary = withDatabase(pair.primaryUrl, database)
+  // The primary's address, which a failover moves to the promoted standby (the keeper follows it there).
+  const [primaryPort, standbyPort] = [pair.primaryUrl, pair.standbyUrl].map((url) => Number(new URL(url).port))
+  const address = await movableAddress(t, primaryPort!)
+  const primary = withDatabase(pair.primaryUrl.replace(`:${primaryPort}/`, `:${address.port}/`), database)
   // The read role may stream WAL (it replicates to the standby, where the wake-up connects as it).
   await query(pair.primaryUrl, `alter role ${READER_ROLE} replication`)
   await migrateToLatest(primary)
@@ -138,12 +142,18 @@ t.test('through a hot standby: the wake-up connects to the standby the hub reads
   t.match(pair.log('standby'), new RegExp(`replication connection authorized: user=${READER_ROLE} application_name=ocp-api-wakeup`), 'through the standby\'s WAL sender')
   t.notMatch(pair.log('primary'), /ocp-api-wakeup/, 'not the primary\'s')
 
-  // The standby promoted: its WAL sender ends the stream at the end of the old timeline; the wake-up starts again on the new one.
+  // A failover: the standby promoted, the old primary gone, its address moved. The standby's WAL sender ends the
+  // stream at the end of the old timeline; the wake-up starts again on the new one, and the keeper records it.
   const wakeup = app.eventWakeup!
-  await query(withDatabase(pair.standbyUrl, database), 'select pg_promote()')
+  const standby = withDatabase(pair.standbyUrl, database)
+  await waitUntil(async () => Number((await query(standby, 'select settled from event_log_state'))[0]!.settled) >= 5, 'the standby to have the keeper\'s position', 10_000)
+  await query(standby, 'select pg_promote()')
+  pair.crashPrimary()
+  address.moveTo(standbyPort!)
   await waitUntil(() => wakeup.lost === 1, 'the stream ends with the timeline', 10_000)
   await waitUntil(() => wakeup.live, 'and starts again on the new one', 10_000)
-  const promoted = await deliveryMs(withDatabase(pair.standbyUrl, database), stream, 5000)
+  await waitUntil(() => app.eventLog!.epoch === 1, 'the keeper to record the new timeline', 15_000)
+  const promoted = await deliveryMs(standby, stream, 5000)
   t.ok(promoted < 500, `events committed on the promoted standby are delivered as they commit (${promoted} ms)`)
   t.equal(stream.events().length, 6, 'every event once')
 })

@@ -7,6 +7,7 @@ import * as eventWritersInlined from './0005_event_writers_inlined.js'
 import * as eventsSettledByIndex from './0006_events_settled_by_index.js'
 import * as runsStatusIndex from './0007_runs_status_index.js'
 import * as eventsCensusBySequenceLock from './0008_events_census_by_sequence_lock.js'
+import * as eventsSettledByTheKeeper from './0009_events_settled_by_the_keeper.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -25,5 +26,6 @@ export const migrations: Record<string, Migration> = {
   '0005_event_writers_inlined': eventWritersInlined,
   '0006_events_settled_by_index': eventsSettledByIndex,
   '0007_runs_status_index': runsStatusIndex,
-  '0008_events_census_by_sequence_lock': eventsCensusBySequenceLock
+  '0008_events_census_by_sequence_lock': eventsCensusBySequenceLock,
+  '0009_events_settled_by_the_keeper': eventsSettledByTheKeeper
 }

@@ -2,7 +2,7 @@ import type { FastifyBaseLogger } from 'fastify'
 import fp from 'fastify-plugin'
 import pg from 'pg'
 import { durationMs } from '../../config.js'
-import { readHistoryFloor, tryLeadUpkeep, writeClock } from '../../db/event-log.js'
+import { keepOrder, readHistoryFloor, tryLeadUpkeep, type OrderTick } from '../../db/event-log.js'
 import { PartitionKeeper } from '../../db/event-partitions.js'
 
 declare module 'fastify' {
@@ -21,19 +21,27 @@ export interface UpkeepOptions {
   log: FastifyBaseLogger
 }
 
-/** How long a replica that is not the keeper waits before asking again, and a failed keeper before reconnecting. */
-const RETRY_MS = 5000
+/**
+ * How long a replica that is not the keeper waits before asking again, and
+ * a failed keeper before reconnecting: holes stay unsettled until a keeper
+ * ticks again.
+ */
+const RETRY_MS = 1000
+/** The first tick a waiting reader asks for comes this soon; while readers keep asking, the gap doubles up to the clock interval. */
+export const SOON_TICK_MS = 10
 
 /** The longest a DETACH or DROP of a partition waits in the events table's lock queue (writers queue behind it meanwhile). */
 export const PARTITION_LOCK_TIMEOUT_MS = 200
 
 /**
  * One replica at a time keeps the event log (the holder of a session-level
- * advisory lock): every clockIntervalMs it writes the clock, and starts a
- * pass over the partitions (PartitionKeeper) unless one is still running.
- * Passes run on a second connection, so that a long one (a partition's
- * first scan) never holds the clock back. Another replica takes over within
- * RETRY_MS when the keeper's session ends.
+ * advisory lock): every clockIntervalMs it ticks (keepOrder: the settled
+ * position every reader uses), and starts a pass over the partitions
+ * (PartitionKeeper) unless one is still running. A reader waiting on a hole
+ * asks for a tick sooner (soon()): SOON_TICK_MS after, then at doubling
+ * gaps while the asking goes on. Passes run on a second connection, so that
+ * a long one (a partition's first scan) never holds a tick back. Another
+ * replica takes over within RETRY_MS when the keeper's session ends.
  */
 export class EventLogUpkeep {
   #client: pg.Client | undefined
@@ -44,10 +52,17 @@ export class EventLogUpkeep {
   #leading = false
   #failing = false
   #passFailing = false
+  #stepping = false
+  /** When the next step is due (epoch ms), and the gap the next soon() leaves. */
+  #dueAt = 0
+  #soonGapMs = SOON_TICK_MS
+  #lastPassAt = 0
   ticks = 0
   passes = 0
   /** The history's floor as last read (every replica reads it; -1 before the first read). */
   historyFloor = -1
+  /** The epoch the keeper last published (-1 before its first tick here). */
+  epoch = -1
   readonly keeper: PartitionKeeper
 
   constructor (readonly options: UpkeepOptions) {
@@ -67,6 +82,39 @@ export class EventLogUpkeep {
     void this.#step()
   }
 
+  /**
+   * A reader waits on an id that a tick may settle: tick soon, unless one is
+   * due sooner. Each call while ticks keep being asked for doubles the gap
+   * (a writer left open is asked about ever less often); calm() resets it.
+   */
+  soon (): void {
+    if (this.#stopped || !this.#leading) return
+    this.#schedule(this.#soonGapMs)
+    this.#soonGapMs = Math.min(this.#soonGapMs * 2, this.options.clockIntervalMs)
+  }
+
+  /** Readers no longer wait: the next soon() is quick again. */
+  calm (): void {
+    this.#soonGapMs = SOON_TICK_MS
+  }
+
+  #schedule (delayMs: number): void {
+    if (this.#stopped) return
+    const dueAt = Date.now() + delayMs
+    if (this.#stepping) {
+      // The step under way schedules the next one; make it no later than this.
+      this.#dueAt = this.#dueAt === 0 ? dueAt : Math.min(this.#dueAt, dueAt)
+      return
+    }
+    if (this.#timer !== undefined && this.#dueAt <= dueAt) return
+    clearTimeout(this.#timer)
+    this.#dueAt = dueAt
+    this.#timer = setTimeout(() => {
+      this.#timer = undefined
+      void this.#step()
+    }, delayMs)
+  }
+
   async stop (): Promise<void> {
     this.#stopped = true
     clearTimeout(this.#timer)
@@ -75,6 +123,8 @@ export class EventLogUpkeep {
   }
 
   async #step (): Promise<void> {
+    this.#stepping = true
+    this.#dueAt = 0
     let delay = this.options.clockIntervalMs
     try {
       if (!this.#leading) {
@@ -82,16 +132,22 @@ export class EventLogUpkeep {
         this.#leading = await tryLeadUpkeep(this.#client)
         if (this.#leading) {
           this.options.log.info({ retention: this.options.retentionMs === undefined ? 'none: every event is kept' : `${this.options.retentionMs / 1000} s` },
-            'this replica keeps the event log (clock, partitions)')
+            'this replica keeps the event log (its settled position, partitions)')
         } else {
           this.historyFloor = await readHistoryFloor(this.#client)
           delay = RETRY_MS
         }
       }
       if (this.#leading) {
-        this.historyFloor = await writeClock(this.#client!)
+        const tick = await keepOrder(this.#client!)
+        this.historyFloor = tick.historyFloor
+        this.epoch = tick.epoch
         this.ticks++
-        this.#pass ??= this.#keepPartitions().finally(() => { this.#pass = undefined })
+        if (tick.rewound !== null) this.#sayRewound(tick)
+        if (Date.now() - this.#lastPassAt >= this.options.clockIntervalMs) {
+          this.#lastPassAt = Date.now()
+          this.#pass ??= this.#keepPartitions().finally(() => { this.#pass = undefined })
+        }
       }
       if (this.#failing) this.options.log.info('event log upkeep recovered')
       this.#failing = false
@@ -102,7 +158,21 @@ export class EventLogUpkeep {
       await this.#disconnect()
       delay = RETRY_MS
     }
-    if (!this.#stopped) this.#timer = setTimeout(() => { void this.#step() }, delay)
+    this.#stepping = false
+    // A soon() that came during the step asked for an earlier one.
+    const asked = this.#dueAt === 0 ? Infinity : this.#dueAt - Date.now()
+    this.#dueAt = 0
+    this.#schedule(Math.max(0, Math.min(delay, asked)))
+  }
+
+  #sayRewound (tick: OrderTick): void {
+    if (tick.rewound === 'failover') {
+      this.options.log.warn({ epoch: tick.epoch, settled: tick.settled },
+        'the database is on a new WAL timeline (a standby was promoted): ids above the last settled position it had may have been handed out by the old primary, so the event sequence jumped past them; clients holding a cursor in between are answered 410 and refetch')
+    } else {
+      this.options.log.error({ epoch: tick.epoch },
+        'events_event_id_seq moved backwards (TRUNCATE ... RESTART IDENTITY, or setval): event ids will be handed out again, so every stream was ended and clients holding an older cursor may skip events; do not rewind the sequence while clients are connected')
+    }
   }
 
   /** One pass over the partitions; a failure is logged (once until a pass succeeds) and the next tick tries again. */
@@ -152,6 +222,8 @@ export default fp(async function eventLogPlugin (app) {
     log: app.log.child({ component: 'event-log' })
   })
   app.decorate('eventLog', upkeep)
+  // A poll that ends waiting on a hole asks for a tick; one that does not, calms the asking.
+  app.events.onWaiting = (waiting) => { if (waiting) upkeep.soon(); else upkeep.calm() }
   app.addHook('onReady', async () => { upkeep.start() })
   app.addHook('onClose', async () => { await upkeep.stop() })
-}, { name: 'event-log', dependencies: ['db'] })
+}, { name: 'event-log', dependencies: ['db', 'events'] })

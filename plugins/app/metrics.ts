@@ -201,6 +201,24 @@ export default fp(async function metricsPlugin (app) {
     collect () { this.set(events.settleWaitSeconds) }
   })
   new Gauge({ // eslint-disable-line no-new
+    name: 'event_settle_prepared_writers',
+    help: 'Prepared transactions (PREPARE TRANSACTION) that drew an event id or used the events sequence and are still open: each holds delivery past its ids until COMMIT PREPARED or ROLLBACK PREPARED',
+    registers,
+    collect () { this.set(events.state?.preparedWriters ?? 0) }
+  })
+  new Gauge({ // eslint-disable-line no-new
+    name: 'event_settled_age_seconds',
+    help: 'Seconds since the event log\'s keeper last published the settled position (-1 before it first did); growing past a few EVENTS_CLOCK_INTERVAL_MS means no replica keeps the log',
+    registers,
+    collect () { this.set(events.state?.settledAge ?? -1) }
+  })
+  new Gauge({ // eslint-disable-line no-new
+    name: 'event_log_epoch',
+    help: 'The event log\'s epoch: it moves on when event ids may have been handed out again (a failover to a standby that lost commits, a sequence moved back)',
+    registers,
+    collect () { this.set(events.state?.epoch ?? 0) }
+  })
+  new Gauge({ // eslint-disable-line no-new
     name: 'event_poller_head',
     help: 'The settled position the poller has handed to streams: every event at or below it is delivered or never commits',
     registers,
@@ -258,7 +276,7 @@ export default fp(async function metricsPlugin (app) {
   if (eventLog !== undefined) {
     new Gauge({ // eslint-disable-line no-new
       name: 'event_log_keeper',
-      help: '1 on the replica that keeps the event log (clock, partitions, retention), else 0',
+      help: '1 on the replica that keeps the event log (its settled position, partitions, retention), else 0',
       registers,
       collect () { this.set(Number(eventLog.leading)) }
     })

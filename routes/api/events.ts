@@ -1,7 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
 import { listEvents, type EventFilter } from '../../db/events.js'
-import { cursorExpired } from '../../errors.js'
+import { assertCursorKept } from '../../plugins/app/events/hub.js'
 import { CACHE_CONTROL_DOCS, ConditionalHeaders, DEFAULT_EVENTS_LIMIT, eventCursorErrors, EventsQuery, notModified, parseCursor, parseLimit, readResponse, StreamQuery } from '../../schemas/api.js'
 
 /** Empty filters mean "no filter": `?run_id=` is what a UI sends before it knows the run. */
@@ -64,7 +64,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const limit = parseLimit(request.query.limit) ?? DEFAULT_EVENTS_LIMIT
     const afterId = after === undefined ? undefined : parseCursor(after, 'after_event_id')
     const page = await listEvents(app.db, afterId, toFilter(request.query), limit, await hub.ready())
-    if (afterId !== undefined && afterId < page.floor) throw cursorExpired('after_event_id', afterId, page.floor)
+    if (afterId !== undefined) assertCursorKept('after_event_id', afterId, page.state)
     // A full page after an explicit cursor is final; one from the floor moves with it (EVENTS_RETENTION).
     const kind = page.full && afterId !== undefined ? 'immutable' : 'recent'
     return reply.header('x-event-cursor', page.cursor).sendCacheable(page.body, kind)

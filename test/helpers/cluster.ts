@@ -56,14 +56,15 @@ export interface Cluster {
   stop: () => void
 }
 
-export async function ownCluster (t: Test): Promise<Cluster> {
+/** A server of the test's own; `settings` are more `-c name=value` options for it. */
+export async function ownCluster (t: Test, settings = ''): Promise<Cluster> {
   const { dir, run } = serverWorkspace('ocp-pg-')
   const data = join(dir, 'data')
   run('initdb', ['-D', data, '-A', 'trust', '-U', 'postgres', '--no-sync', '-E', 'UTF8'])
   const port = await freePort()
   // fsync=off survives a process crash (the OS still has the data);
   // synchronous_commit stays on, or a crash would lose acknowledged commits.
-  const options = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off`
+  const options = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off ${settings}`
   const cluster: Cluster = {
     url: `postgres://postgres@127.0.0.1:${port}/postgres`,
     start: () => run('pg_ctl', ['-D', data, '-o', options, '-l', join(dir, 'log'), '-w', 'start']),

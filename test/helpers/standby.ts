@@ -52,6 +52,12 @@ export interface ReplicatedPostgres {
   waitForReplay: (timeoutMs?: number) => Promise<void>
   /** The server's log so far (log_connections is on: one line per connection, with its user and application_name). */
   log: (server: 'primary' | 'standby') => string
+  /** Cuts the standby off the primary's WAL (what the primary commits from now on never reaches it), and waits until it is. */
+  detachStandby: () => Promise<void>
+  /** Stops the primary at once, as a crash would (pg_ctl stop -m immediate). */
+  crashPrimary: () => void
+  /** Promotes the standby (pg_promote) and waits until it takes writes: it then serves at standbyUrl as the new primary. */
+  promoteStandby: () => Promise<void>
   /** Stops both servers and removes their files; also done when the test ends. */
   stop: () => Promise<void>
 }
@@ -133,6 +139,9 @@ export async function startReplicatedPostgres (t: Test): Promise<ReplicatedPostg
   const primary = new pg.Client({ connectionString: primaryUrl })
   const standby = new pg.Client({ connectionString: standbyUrl })
   clients.push(primary, standby)
+  // crashPrimary ends the primary's connection under it.
+  primary.on('error', () => {})
+  standby.on('error', () => {})
   await primary.connect()
   await standby.connect()
 
@@ -164,6 +173,28 @@ export async function startReplicatedPostgres (t: Test): Promise<ReplicatedPostg
     },
     waitForReplay,
     log: (server) => readFileSync(join(dir, `${server}.log`), 'utf8'),
+    detachStandby: async () => {
+      await standby.query(`alter system set primary_conninfo = ''`)
+      await standby.query('select pg_reload_conf()')
+      for (let i = 0; ; i++) {
+        const { rowCount } = await standby.query('select 1 from pg_stat_wal_receiver')
+        if (rowCount === 0) return
+        if (i > 500) throw new Error('the standby still receives WAL after 10 s')
+        await sleep(20)
+      }
+    },
+    crashPrimary: () => {
+      run('pg_ctl', ['-D', primaryData, '-m', 'immediate', '-w', 'stop'])
+      running = running.filter((data) => data !== primaryData)
+    },
+    promoteStandby: async () => {
+      await standby.query('select pg_promote(true, 60)')
+      for (;;) {
+        const { rows: [row] } = await standby.query<{ recovering: boolean }>('select pg_is_in_recovery() as recovering')
+        if (!row!.recovering) return
+        await sleep(20)
+      }
+    },
     stop
   }
   await waitForReplay()

@@ -1,7 +1,7 @@
 import type { FastifyBaseLogger, FastifyReply } from 'fastify'
-import { eventsAfterKept, settleBound, settledNow, type EventFilter, type StoredEvent, type WriterCensus } from '../../../db/events.js'
+import { eventsAfterKept, reissuedRange, settledNow, settledNowWithState, type EventFilter, type LogState, type StoredEvent } from '../../../db/events.js'
 import type { Db } from '../../../db/schema.js'
-import { ApiError, cursorExpired } from '../../../errors.js'
+import { ApiError, cursorExpired, cursorReissued, timelinePending } from '../../../errors.js'
 import { Subscriber, type Listener, type StreamFormat, type SubscriberOptions } from './subscriber.js'
 import { Waiter } from './waiter.js'
 import type { StreamOffset } from './durable.js'
@@ -63,18 +63,39 @@ export const SETTLE_WAIT_LOG_MS = 5000
 export const CATCH_UP_PAGE_SIZE = 500
 
 /**
+ * Throws when a client's cursor (`name`) cannot be served as it stands:
+ * below the history's floor, or inside a range of ids that a failover
+ * handed out again (410 cursor_expired: the client refetches); above what
+ * is settled while the database is on a timeline its keeper has not
+ * recorded yet (a transient refusal: the client retries).
+ */
+export function assertCursorKept (name: string, cursor: number, state: LogState): void {
+  if (cursor < state.floor) throw cursorExpired(name, cursor, state.floor)
+  const reissued = reissuedRange(state, cursor)
+  if (reissued !== undefined) throw cursorReissued(name, cursor, ...reissued)
+  if (state.newTimeline && cursor > state.settled) throw timelinePending(name)
+}
+
+/** A position as a client may be given it: inside a range reissued after a failover, the position that range starts at. */
+export const reportable = (state: LogState | undefined, position: number) =>
+  state === undefined ? position : reissuedRange(state, position)?.[0] ?? position
+
+/**
  * The one poller of a process. Every pollIntervalMs it reads the events
  * committed since its head (one indexed query, however many subscribers)
  * and hands each to the subscribers whose filters match, found through
  * indexes by run and by thread rather than by scanning them all.
  *
- * Writers may commit ids out of order (migration 0003): the head is the
- * SETTLED position, never past an id that may still commit. Each poll first
- * asks where the log is settled (settleBound, given the previous poll's
- * census of the writers in flight: before the rows' snapshot), then hands
- * out the events up to there and any run of ids just above it with no
- * hole. An event above a hole waits for the next poll; how long
- * delivery has waited is a metric, and a log line past SETTLE_WAIT_LOG_MS.
+ * Writers may commit ids out of order: the head is the SETTLED position,
+ * never past an id that may still commit. Each poll reads, in one
+ * statement, the events after the head and the event log's state, whose
+ * settled position the keeper publishes (db/events.ts, LogState), then
+ * hands out the events up to there and any run of ids just above it with
+ * no hole. An event above a hole waits until the keeper settles it (the
+ * hub tells it, onWaiting); how long delivery has waited is a metric, and
+ * a log line past SETTLE_WAIT_LOG_MS. When the state starts a new epoch
+ * (ids handed out again: a failover, a sequence moved back), the hub ends
+ * the streams past the epoch's base and reads on from there.
  *
  * A wake-up source (wakeup.ts) calls wake() when something may have been
  * committed: the hub then polls at once, or when the poll in flight ends,
@@ -93,8 +114,13 @@ export class EventHub {
   /** The highest event id handed to subscribers; undefined until first read. */
   #head: number | undefined
   #initializing: Promise<number> | undefined
-  /** The last census of the event writers in flight, handed to the next (db/events.ts). */
-  #census: WriterCensus | undefined
+  /** The event log's state as the last poll read it (undefined before the first read). */
+  #state: LogState | undefined
+  /** Called after each poll with whether an event waits above a hole: the keeper then settles sooner (plugins/app/event-log.ts). */
+  onWaiting: ((waiting: boolean) => void) | undefined
+  #timelineLogged = false
+  /** The WAL timeline the last poll read on (null on a hot standby, or before the first poll). */
+  #readTimeline: number | null = null
   #timer: NodeJS.Timeout | undefined
   /** When the pending timer fires (epoch ms). */
   #dueAt = 0
@@ -186,17 +212,17 @@ export class EventHub {
    * nothing after `afterId` has gone: the floor is not read), else from the
    * table, the floor read in the same statement.
    */
-  async #readKept (afterId: number, filter: EventFilter, upTo: number | undefined): Promise<{ floor: number, events: StoredEvent[] }> {
+  async #readKept (afterId: number, filter: EventFilter, upTo: number | undefined): Promise<{ state: LogState, events: StoredEvent[] }> {
     // The window ends at the hub's head: a read up to a fresher position goes to the table.
     const recent = upTo !== undefined && upTo > this.#head! ? undefined : this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
-    if (recent !== undefined) return { floor: 0, events: recent }
+    if (recent !== undefined) return { state: { ...this.#state!, floor: 0 }, events: recent }
     return eventsAfterKept(this.db, afterId, filter, CATCH_UP_PAGE_SIZE, upTo)
   }
 
-  /** As #readKept, for a cursor named `name` that a client gave: below the floor it has missed events, 410. */
+  /** As #readKept, for a cursor named `name` that a client gave (assertCursorKept). */
   async #readAfter (afterId: number, filter: EventFilter, name: string, upTo = this.#head): Promise<StoredEvent[]> {
-    const { floor, events } = await this.#readKept(afterId, filter, upTo)
-    if (afterId < floor) throw cursorExpired(name, afterId, floor)
+    const { state, events } = await this.#readKept(afterId, filter, upTo)
+    assertCursorKept(name, afterId, state)
     return events
   }
 
@@ -215,11 +241,11 @@ export class EventHub {
   async page (offset: StreamOffset, filter: EventFilter, name: string, fresh = false): Promise<StreamPage> {
     const known = await this.ready()
     const head = fresh ? Math.max(known, await settledNow(this.db, known)) : known
-    if (offset === 'now') return { events: [], next: head, upToDate: true }
+    if (offset === 'now') return { events: [], next: reportable(this.#state, head), upToDate: true }
     if (offset !== 'oldest') return this.#pageOf(await this.#readAfter(offset, filter, name, head), Math.max(offset, head))
-    const { floor, events } = await this.#readKept(0, filter, head)
+    const { state, events } = await this.#readKept(0, filter, head)
     // `-1` starts above the floor: rows at or below it may linger until their partition goes.
-    return { ...this.#pageOf(events, head), events: events.filter((event) => event.id > floor) }
+    return { ...this.#pageOf(events, head), events: events.filter((event) => event.id > state.floor) }
   }
 
   /**
@@ -230,7 +256,7 @@ export class EventHub {
   #pageOf (events: StoredEvent[], head: number): StreamPage {
     const full = events.length >= CATCH_UP_PAGE_SIZE
     const last = events.at(-1)?.id ?? head
-    return { events, next: full ? last : Math.max(head, last), upToDate: !full }
+    return { events, next: full ? last : reportable(this.#state, Math.max(head, last)), upToDate: !full }
   }
 
   /**
@@ -284,7 +310,7 @@ export class EventHub {
       if (start === 'tail') {
         subscriber.lastId = await settledNow(this.db, known)
       } else if (start === 'oldest') {
-        const { floor, events } = await this.#readKept(0, filter, this.#head)
+        const { state: { floor }, events } = await this.#readKept(0, filter, this.#head)
         subscriber.lastId = floor
         // Rows at or below the floor that linger: the catch-up reads again from the floor.
         firstPage = events.some((event) => event.id <= floor) ? undefined : events
@@ -323,14 +349,21 @@ export class EventHub {
     return this.#waitingAt === undefined ? 0 : (Date.now() - this.#waitingSince) / 1000
   }
 
-  /** The settled position, read from the database on first use (once, however many callers wait). */
+  /** The event log's state as the last poll read it (undefined before the first read). */
+  get state (): LogState | undefined {
+    return this.#state
+  }
+
+  /**
+   * The settled position, read from the database on first use (once,
+   * however many callers wait): the keeper's, extended over the visible
+   * ids above it, whatever the history's size and holes.
+   */
   ready (): Promise<number> {
     if (this.#head !== undefined) return Promise.resolve(this.#head)
-    this.#initializing ??= settleBound(this.db).then(({ bound, census }) => {
-      this.#census = census
-      return settledNow(this.db, bound)
-    }).then((head) => {
-      this.#head ??= head
+    this.#initializing ??= settledNowWithState(this.db, 0).then(({ position, state }) => {
+      this.#state ??= state
+      this.#head ??= position
       this.#window ??= new EventWindow(this.#head, this.options.windowBytes)
       return this.#head
     }).finally(() => { this.#initializing = undefined })
@@ -400,14 +433,28 @@ export class EventHub {
   /** Reads and hands out every event settled since the head. */
   async #poll (): Promise<void> {
     let head = await this.ready()
-    const { bound, waitingPid, clockAge, census } = await settleBound(this.db, this.#census)
-    this.#census = census
-    let settled = Math.max(head, bound)
     let hole = false
-    const window = this.#window!
     for (;;) {
-      const { floor, events } = await eventsAfterKept(this.db, head, {}, POLL_PAGE_SIZE)
-      window.raiseFloor(floor)
+      const { state, events } = await eventsAfterKept(this.db, head, {}, POLL_PAGE_SIZE)
+      if (state.epoch !== this.#state!.epoch) {
+        this.#startEpoch(state)
+        head = this.#head!
+        continue
+      }
+      this.#state = state
+      if (state.newTimeline && this.#readTimeline !== null && state.timeline !== this.#readTimeline) {
+        // This hub read a primary that is gone; its head may hold ids the promoted standby lost. What
+        // was lost is known once the keeper records the new timeline (a new epoch): until then, wait.
+        if (!this.#timelineLogged) this.options.log.warn({ head }, 'the database is on a new WAL timeline (a standby was promoted): delivery waits until the event log\'s keeper records it')
+        this.#timelineLogged = true
+        hole = true
+        break
+      }
+      this.#timelineLogged = false
+      this.#readTimeline = state.timeline
+      const window = this.#window!
+      window.raiseFloor(state.floor)
+      let settled = Math.max(head, state.settled)
       for (const event of events) {
         if (event.id > settled + 1) {
           hole = true
@@ -427,13 +474,33 @@ export class EventHub {
       if (readAll) break
     }
     this.#lastPollAt = Date.now()
-    this.#noteWait(hole, waitingPid, clockAge)
+    this.#noteWait(hole)
+    this.onWaiting?.(hole)
     // Everything up to the head is handed out: the long-polls that got events answer.
     for (const waiter of this.#waiters) waiter.settled()
   }
 
+  /**
+   * The keeper started a new epoch: ids after its base may have been handed
+   * out again. Streams that went past the base end (their clients reconnect
+   * and learn, by a 410, to refetch), the window empties, long-polls past
+   * the base answer as they stand, and reading goes on from the base.
+   */
+  #startEpoch (state: LogState): void {
+    const base = state.epochBase
+    this.options.log.warn({ epoch: state.epoch, base, head: this.#head, reissued: state.reissued },
+      `the event log started a new epoch (a failover, or its sequence moved back): ids after ${base} may have been handed out again; streams past it end, and their clients refetch`)
+    this.#state = state
+    this.#readTimeline = state.timeline
+    for (const subscriber of this.#subscribers) if (subscriber.lastId > base) subscriber.end()
+    for (const waiter of this.#waiters) if (waiter.afterId > base) waiter.release()
+    this.#head = Math.min(this.#head!, base)
+    this.#window = new EventWindow(this.#head, this.options.windowBytes)
+    this.#waitingAt = undefined
+  }
+
   /** Tracks how long an event above a hole has waited, and says so once it passes SETTLE_WAIT_LOG_MS. */
-  #noteWait (hole: boolean, waitingPid: number | null, clockAge: number | null): void {
+  #noteWait (hole: boolean): void {
     if (!hole || this.#head !== this.#waitingAt) {
       if (this.#waitLogged) this.options.log.info({ head: this.#head, waitedSeconds: this.settleWaitSeconds }, 'event delivery resumed: the id it waited for settled')
       this.#waitLogged = false
@@ -443,10 +510,15 @@ export class EventHub {
     }
     if (!this.#waitLogged && this.#lastPollAt - this.#waitingSince >= SETTLE_WAIT_LOG_MS) {
       this.#waitLogged = true
-      const why = clockAge === null
-        ? 'a transaction that drew the next event id is still open (waitingPid)'
-        : `on a hot standby it waits for the clock (${Math.round(clockAge)} s old) to pass the oldest open transaction of the primary; a clock older than a few seconds means no service keeps the event log on the primary (docs/stream.md, "How the event order is settled")`
-      this.options.log.warn({ head: this.#head, waitingPid, clockAgeSeconds: clockAge, waitedSeconds: this.settleWaitSeconds },
+      const { waitingPid, waitingTransaction, settledAge, preparedWriters } = this.#state!
+      const why = waitingTransaction !== null
+        ? `a prepared transaction ('${waitingTransaction}') drew an event id and is still open: COMMIT PREPARED or ROLLBACK PREPARED '${waitingTransaction}' releases it (pg_prepared_xacts lists it)`
+        : waitingPid !== null
+          ? `a transaction that drew an event id (or used the events sequence) is still open, backend ${waitingPid} (pg_stat_activity tells what it is doing)`
+          : settledAge === null || settledAge > SETTLE_WAIT_LOG_MS / 1000
+            ? `the event log's settled position is ${settledAge === null ? 'not written yet' : `${Math.round(settledAge)} s old`}: no replica keeps the event log on the primary (docs/stream.md, "How the event order is settled")`
+            : 'an event id drawn on the primary has not been settled yet'
+      this.options.log.warn({ head: this.#head, waitingPid, waitingTransaction, preparedWriters, settledAgeSeconds: settledAge, waitedSeconds: this.settleWaitSeconds },
         `event delivery waits past id ${this.#head}: ${why}`)
     }
   }
