@@ -63,8 +63,8 @@ export interface LogState {
   waitingTransaction: string | null
   /** Prepared transactions among the writers in flight. */
   preparedWriters: number
-  /** Seconds since the keeper last settled the order; null before it first did. */
-  settledAge: number | null
+  /** Seconds since the keeper last published the settled position. */
+  settledAge: number
 }
 
 interface LogStateRow {
@@ -78,7 +78,7 @@ interface LogStateRow {
   waiting_pid: number | null
   waiting_transaction: string | null
   prepared_writers: number
-  settled_age: number | null
+  settled_age: number
 }
 
 /** The row of LogState, as one subquery (`s`) that any read can join. */

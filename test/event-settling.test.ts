@@ -122,11 +122,12 @@ t.test('a writer left open delays no other writer, and delivery waits only past 
   t.same(stream.events().map((event) => event.event_id), [below, held.id, ...others.flat().sort((a, b) => a - b)])
 })
 
-t.test('the clock settles the order as a hot standby reads it: never past a writer in flight', async (t) => {
+t.test('the published position settles the order as any reader reads it: never past a writer in flight', async (t) => {
   const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, EVENTS_CLOCK_INTERVAL_MS: 50 })
   const admin = await client()
   t.teardown(() => admin.end())
-  const settledByClock = async () => Number((await admin.query('select events_settled(0) as p')).rows[0].p)
+  const published = async () => Number((await admin.query('select settled from event_log_state')).rows[0].settled)
+  const inStatement = async () => Number((await admin.query('select events_settled(0) as p')).rows[0].p)
   const waitTicks = async (n: number) => {
     const target = app.eventLog!.ticks + n
     while (app.eventLog!.ticks < target) await sleep(20)
@@ -135,17 +136,13 @@ t.test('the clock settles the order as a hot standby reads it: never past a writ
   const held = await openWriter()
   const [above] = await insertEvents({ event_type: 'above' })
   await waitTicks(3)
-  const clock = (await admin.query('select clock_value from event_log_state')).rows[0]
-  t.ok(Number(clock.clock_value) >= above!, 'the clock has read the sequence past both ids')
-  t.ok(await settledByClock() < held.id, 'yet the clock settles nothing at or above the open writer\'s id: its transaction is older than the clock\'s')
+  t.ok(await published() < held.id, 'the keeper publishes nothing at or above the open writer\'s id')
+  t.ok(await inStatement() < held.id, 'nor does a statement settle past it, with the committed id above it visible')
   await held.connection.query('commit')
   await held.connection.end()
-  // Another database's transaction on the same server holds xmin back too
-  // (a standby waits for it as well): tick until it has ended.
-  const deadline = Date.now() + 20_000
-  do await waitTicks(1)
-  while (await settledByClock() < above! && Date.now() < deadline)
-  t.ok(await settledByClock() >= above!, 'once it has ended, a later clock settles both')
+  t.ok(await inStatement() >= above!, 'once it has ended, a statement settles both at once (no hole: contiguity)')
+  await waitTicks(2)
+  t.ok(await published() >= above!, 'and the next ticks publish it')
 })
 
 t.test('delivery that waits on a writer is a metric, and a log line after five seconds', async (t) => {
@@ -170,12 +167,26 @@ t.test('delivery that waits on a writer is a metric, and a log line after five s
   t.match(after, /^event_settle_wait_seconds 0$/m, 'the metric is back to 0')
 })
 
-t.test('the upkeep that keeps the clock survives a failing database: logged once, recovered by itself', async (t) => {
+t.test('with no replica keeping the log, the wait\'s log line says how old the settled position is', async (t) => {
+  const lines: Array<{ level: number, msg: string, settledAgeSeconds?: number }> = []
+  const stream = { write: (line: string) => { lines.push(JSON.parse(line)) } }
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50 }, { logger: { level: 'info', stream } })
+  await app.eventLog!.stop()
+  const hole = await openWriter('rolled_back')
+  await insertEvents({ event_type: 'above' })
+  await hole.connection.query('rollback')
+  await hole.connection.end()
+  await waitUntil(() => lines.some((line) => line.msg.startsWith('event delivery waits past id')), 'the wait to be logged', 15_000)
+  t.match(lines.find((line) => line.msg.startsWith('event delivery waits past id')),
+    { msg: /the settled position was last published \d+ s ago; it moves only while a replica keeps the event log on the primary/, settledAgeSeconds: Number })
+})
+
+t.test('the upkeep that publishes the settled position survives a failing database: logged once, recovered by itself', async (t) => {
   const lines: Array<{ msg: string }> = []
   const log = pino({ level: 'info' }, { write: (line: string) => { lines.push(JSON.parse(line)) } })
   const admin = await client()
   t.teardown(() => admin.end())
-  // The clock's table away: every tick fails until it is back.
+  // The log's state away: every tick fails until it is back.
   await admin.query('alter table event_log_state rename to event_log_state_away')
   const upkeep = new EventLogUpkeep({ url: await testDatabaseUrl(), clockIntervalMs: 20, retentionMs: undefined, log })
   t.teardown(() => upkeep.stop())
@@ -187,7 +198,7 @@ t.test('the upkeep that keeps the clock survives a failing database: logged once
   t.equal(failed(), 1, 'the failure is logged once, however many ticks failed')
   const ticks = upkeep.ticks
   while (upkeep.ticks < ticks + 2) await sleep(20)
-  t.pass('the clock ticks again')
+  t.pass('it ticks again')
 })
 
 t.test('stopping the upkeep while a tick waits on the database logs no failure', async (t) => {
@@ -196,7 +207,7 @@ t.test('stopping the upkeep while a tick waits on the database logs no failure',
   const admin = await client()
   const locker = await client()
   t.teardown(async () => { await locker.end(); await admin.end() })
-  // The clock's table locked: the tick waits until stop() ends its connection.
+  // The log's state locked: the tick waits until stop() ends its connection.
   await locker.query('begin')
   await locker.query('lock table event_log_state in access exclusive mode')
   const upkeep = new EventLogUpkeep({ url: await testDatabaseUrl(), clockIntervalMs: 20, retentionMs: undefined, log })
@@ -206,6 +217,17 @@ t.test('stopping the upkeep while a tick waits on the database logs no failure',
   await locker.query('rollback')
   await sleep(100)
   t.same(lines.filter((line) => line.msg === 'event log upkeep failed; retrying'), [], 'no failure logged')
+})
+
+t.test('stopping the upkeep while it connects leaves no connection behind, nor the keeper\'s lock', async (t) => {
+  const admin = await client()
+  t.teardown(() => admin.end())
+  const upkeep = new EventLogUpkeep({ url: await testDatabaseUrl(), clockIntervalMs: 20, retentionMs: undefined, log: pino({ level: 'silent' }) })
+  upkeep.start()
+  await upkeep.stop()
+  await sleep(300)
+  t.equal((await admin.query(`select 1 from pg_stat_activity where application_name = 'ocp-api-upkeep' and datname = current_database()`)).rowCount, 0, 'its connection is closed')
+  t.equal(upkeep.ticks, 0, 'and it never ticked')
 })
 
 t.test('EVENT-ORDER fact 1: an older transaction commits a higher id while a newer one holds a lower id open', async (t) => {
@@ -223,9 +245,9 @@ t.test('EVENT-ORDER fact 1: an older transaction commits a higher id while a new
   t.ok(Number(higher.event_id) > b.id)
   const ticks = app.eventLog!.ticks
   while (app.eventLog!.ticks < ticks + 3) await sleep(20)
-  const bound = Number((await admin.query('select bound from events_settle_bound()')).rows[0].bound)
-  t.ok(bound < b.id, `the census settles nothing at or above the open id (bound ${bound}, open ${b.id})`)
-  t.ok(Number((await admin.query('select events_settled(0) as p')).rows[0].p) < b.id, 'nor does the clock, though the snapshot lists no running transaction below the committed one')
+  const published = Number((await admin.query('select settled from event_log_state')).rows[0].settled)
+  t.ok(published < b.id, `the keeper publishes nothing at or above the open id (settled ${published}, open ${b.id})`)
+  t.ok(Number((await admin.query('select events_settled(0) as p')).rows[0].p) < b.id, 'nor does a statement, though its snapshot lists no running transaction below the committed one')
   const page = await app.inject({ url: `/api/events?after_event_id=${b.id - 1}` })
   t.same(page.json().events, [], 'the higher id is not listed while the lower one may commit')
   await b.connection.query('commit')

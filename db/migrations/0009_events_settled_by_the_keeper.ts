@@ -75,7 +75,7 @@ export async function up (db: Kysely<any>): Promise<void> {
   await sql`
     alter table event_log_state
       add column settled bigint not null default 0,
-      add column settled_at timestamptz,
+      add column settled_at timestamptz not null default now(),
       add column census_drawn bigint,
       add column census_mark bigint not null default 0,
       add column census_writers text[] not null default '{}',
@@ -142,12 +142,20 @@ export async function up (db: Kysely<any>): Promise<void> {
     when (old.event_id is distinct from new.event_id)
     execute function events_id_unchanged()`.execute(db)
 
-  // The primary's WAL timeline (a standby promoted starts a new one); null on a standby.
+  // The primary's WAL timeline (a standby promoted starts a new one); null on a
+  // standby, and where the server does not say (a managed service may refuse
+  // the WAL functions): failovers then go unnoticed, as before this migration.
   await sql`
     create function events_timeline() returns bigint
-    language sql volatile as $$
-      select case when pg_is_in_recovery() then null
-        else ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint end
+    language plpgsql volatile as $$
+    begin
+      if pg_is_in_recovery() then
+        return null;
+      end if;
+      return ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
+    exception when others then
+      return null;
+    end
     $$`.execute(db)
 
   await sql`

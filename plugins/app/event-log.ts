@@ -53,8 +53,9 @@ export class EventLogUpkeep {
   #failing = false
   #passFailing = false
   #stepping = false
-  /** When the next step is due (epoch ms), and the gap the next soon() leaves. */
+  /** When the next step is due (epoch ms); the earliest one asked for while a step runs; the gap the next soon() leaves. */
   #dueAt = 0
+  #askedAt = Infinity
   #soonGapMs = SOON_TICK_MS
   #lastPassAt = 0
   ticks = 0
@@ -103,7 +104,7 @@ export class EventLogUpkeep {
     const dueAt = Date.now() + delayMs
     if (this.#stepping) {
       // The step under way schedules the next one; make it no later than this.
-      this.#dueAt = this.#dueAt === 0 ? dueAt : Math.min(this.#dueAt, dueAt)
+      this.#askedAt = Math.min(this.#askedAt, dueAt)
       return
     }
     if (this.#timer !== undefined && this.#dueAt <= dueAt) return
@@ -124,11 +125,13 @@ export class EventLogUpkeep {
 
   async #step (): Promise<void> {
     this.#stepping = true
-    this.#dueAt = 0
+    this.#askedAt = Infinity
     let delay = this.options.clockIntervalMs
     try {
       if (!this.#leading) {
         this.#client ??= await this.#connect()
+        // Stopped while it connected: stop() had no connection to end yet.
+        if (this.#stopped) return await this.#disconnect()
         this.#leading = await tryLeadUpkeep(this.#client)
         if (this.#leading) {
           this.options.log.info({ retention: this.options.retentionMs === undefined ? 'none: every event is kept' : `${this.options.retentionMs / 1000} s` },
@@ -159,10 +162,8 @@ export class EventLogUpkeep {
       delay = RETRY_MS
     }
     this.#stepping = false
-    // A soon() that came during the step asked for an earlier one.
-    const asked = this.#dueAt === 0 ? Infinity : this.#dueAt - Date.now()
-    this.#dueAt = 0
-    this.#schedule(Math.max(0, Math.min(delay, asked)))
+    // A soon() that came during the step may have asked for an earlier one.
+    this.#schedule(Math.max(0, Math.min(delay, this.#askedAt - Date.now())))
   }
 
   #sayRewound (tick: OrderTick): void {

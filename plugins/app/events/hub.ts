@@ -511,13 +511,12 @@ export class EventHub {
     if (!this.#waitLogged && this.#lastPollAt - this.#waitingSince >= SETTLE_WAIT_LOG_MS) {
       this.#waitLogged = true
       const { waitingPid, waitingTransaction, settledAge, preparedWriters } = this.#state!
-      const why = waitingTransaction !== null
+      // A state the keeper has not refreshed in a while may name a writer long gone: say how old it is instead.
+      const why = settledAge > SETTLE_WAIT_LOG_MS / 1000
+        ? `the settled position was last published ${Math.round(settledAge)} s ago; it moves only while a replica keeps the event log on the primary, and a hot standby sees it once it replays it (docs/stream.md, "How the event order is settled")`
+        : waitingTransaction !== null
         ? `a prepared transaction ('${waitingTransaction}') drew an event id and is still open: COMMIT PREPARED or ROLLBACK PREPARED '${waitingTransaction}' releases it (pg_prepared_xacts lists it)`
-        : waitingPid !== null
-          ? `a transaction that drew an event id (or used the events sequence) is still open, backend ${waitingPid} (pg_stat_activity tells what it is doing)`
-          : settledAge === null || settledAge > SETTLE_WAIT_LOG_MS / 1000
-            ? `the event log's settled position is ${settledAge === null ? 'not written yet' : `${Math.round(settledAge)} s old`}: no replica keeps the event log on the primary (docs/stream.md, "How the event order is settled")`
-            : 'an event id drawn on the primary has not been settled yet'
+        : `a transaction that drew an event id (or used the events sequence) is still open, backend ${waitingPid} (pg_stat_activity tells what it is doing)`
       this.options.log.warn({ head: this.#head, waitingPid, waitingTransaction, preparedWriters, settledAgeSeconds: settledAge, waitedSeconds: this.settleWaitSeconds },
         `event delivery waits past id ${this.#head}: ${why}`)
     }
