@@ -297,6 +297,11 @@ export class PartitionKeeper {
     return (last.drawn - first.drawn) / ((last.at - first.at) / 1000)
   }
 
+  /** Ids that may be drawn while a range is made past the sequence: about a second's worth, at least NEXTVAL_CLOSE_LIMIT. */
+  get inFlightMargin (): number {
+    return Math.max(NEXTVAL_CLOSE_LIMIT, Math.ceil(this.rate))
+  }
+
   /** The size of the next range made. */
   get rangeSize (): number {
     return Math.min(MAX_RANGE_IDS, Math.max(MIN_RANGE_IDS, Math.ceil(this.rate * this.spanMs / 1000)))
@@ -340,8 +345,10 @@ export class PartitionKeeper {
     const size = this.rangeSize
     let top = partitions.ranges.at(-1)?.end
     for (let made = 0; made < MOST_PER_PASS && (top === undefined || top - (drawn + 1) < RANGES_AHEAD * size); made++) {
-      // Contiguous with the last range; past the sequence when it has left every range behind.
-      const start = top === undefined || top <= drawn ? drawn + 1 : top
+      // Contiguous with the last range; past the sequence when it has left every range behind (a
+      // keeper away, a failover's jump), then by a margin: ids drawn meanwhile may be on their way into
+      // the default partition, and a range attached under them would make those inserts fail.
+      const start = top === undefined || top <= drawn ? drawn + 1 + this.inFlightMargin : top
       let range: RangePartition | undefined
       if (!await this.#whenFree('a range ahead is made', async () => { range = await createRange(client, start, size, partitions.defaultPartition, this.options.lockTimeoutMs) })) return
       this.options.log.debug({ partition: range!.name, start: range!.start, end: range!.end }, 'event history: range made ahead of the sequence')

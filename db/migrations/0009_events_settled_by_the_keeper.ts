@@ -115,13 +115,23 @@ export async function up (db: Kysely<any>): Promise<void> {
       return null;
     end
     $$`.execute(db)
+  // Evaluated for every row, so the cheapest form: one plpgsql call costs a
+  // writer less than a WHEN clause with both comparisons, which Postgres
+  // prepares again at every INSERT statement (BENCHMARKS.md). The sequence
+  // first (its lock, before the mark is read), then the mark.
+  await sql`
+    create function events_id_needs_check(event_id bigint) returns boolean
+    language plpgsql volatile as $$
+    begin
+      return event_id > pg_sequence_last_value('${sql.raw(SEQUENCE)}') or event_id <= pg_sequence_last_value('${sql.raw(MARK)}');
+    end
+    $$`.execute(db)
   await sql`drop trigger events_explicit_id on events`.execute(db)
-  // Evaluated for every row: the sequence's lock first (the left operand), then the mark.
   await sql`
     create trigger events_explicit_id
     after insert on events
     for each row
-    when (new.event_id > pg_sequence_last_value('${sql.raw(SEQUENCE)}'::regclass) or new.event_id <= pg_sequence_last_value('${sql.raw(MARK)}'::regclass))
+    when (events_id_needs_check(new.event_id))
     execute function events_explicit_id()`.execute(db)
 
   await sql`
@@ -326,6 +336,7 @@ export async function down (db: Kysely<any>): Promise<void> {
   await sql`drop trigger events_id_unchanged on events`.execute(db)
   await sql`drop function events_id_unchanged()`.execute(db)
   await sql`drop trigger events_explicit_id on events`.execute(db)
+  await sql`drop function events_id_needs_check(bigint)`.execute(db)
   await sql`
     create or replace function events_explicit_id() returns trigger
     language plpgsql as $$

@@ -27,7 +27,12 @@ export interface UpkeepOptions {
  * ticks again.
  */
 const RETRY_MS = 1000
-/** The first tick a waiting reader asks for comes this soon; while readers keep asking, the gap doubles up to the clock interval. */
+/**
+ * A reader that has waited this long on a hole asks for a tick (an id in
+ * flight from writers committing out of order is usually gone by then);
+ * the next demanded tick comes at least this long after the last one, the
+ * gap doubling, up to the clock interval, while readers keep asking.
+ */
 export const SOON_TICK_MS = 10
 
 /** The longest a DETACH or DROP of a partition waits in the events table's lock queue (writers queue behind it meanwhile). */
@@ -57,6 +62,8 @@ export class EventLogUpkeep {
   #dueAt = 0
   #askedAt = Infinity
   #soonGapMs = SOON_TICK_MS
+  #lastTickAt = 0
+  #asked = false
   #lastPassAt = 0
   ticks = 0
   passes = 0
@@ -85,13 +92,14 @@ export class EventLogUpkeep {
 
   /**
    * A reader waits on an id that a tick may settle: tick soon, unless one is
-   * due sooner. Each call while ticks keep being asked for doubles the gap
-   * (a writer left open is asked about ever less often); calm() resets it.
+   * due sooner: at once after a quiet spell, else the gap after the last
+   * tick. Each tick asked for doubles the gap (a writer left open is asked
+   * about ever less often); calm() resets it.
    */
   soon (): void {
     if (this.#stopped || !this.#leading) return
-    this.#schedule(this.#soonGapMs)
-    this.#soonGapMs = Math.min(this.#soonGapMs * 2, this.options.clockIntervalMs)
+    this.#asked = true
+    this.#schedule(Math.max(0, this.#lastTickAt + this.#soonGapMs - Date.now()))
   }
 
   /** Readers no longer wait: the next soon() is quick again. */
@@ -143,6 +151,9 @@ export class EventLogUpkeep {
       }
       if (this.#leading) {
         const tick = await keepOrder(this.#client!)
+        this.#lastTickAt = Date.now()
+        if (this.#asked) this.#soonGapMs = Math.min(this.#soonGapMs * 2, this.options.clockIntervalMs)
+        this.#asked = false
         this.historyFloor = tick.historyFloor
         this.epoch = tick.epoch
         this.ticks++
@@ -223,8 +234,11 @@ export default fp(async function eventLogPlugin (app) {
     log: app.log.child({ component: 'event-log' })
   })
   app.decorate('eventLog', upkeep)
-  // A poll that ends waiting on a hole asks for a tick; one that does not, calms the asking.
-  app.events.onWaiting = (waiting) => { if (waiting) upkeep.soon(); else upkeep.calm() }
+  // A poll that ends waiting on a hole for a while asks for a tick; one that does not wait, calms the asking.
+  app.events.onWaiting = (waitedMs) => {
+    if (waitedMs === undefined) upkeep.calm()
+    else if (waitedMs >= SOON_TICK_MS) upkeep.soon()
+  }
   app.addHook('onReady', async () => { upkeep.start() })
   app.addHook('onClose', async () => { await upkeep.stop() })
 }, { name: 'event-log', dependencies: ['db', 'events'] })

@@ -116,8 +116,12 @@ export class EventHub {
   #initializing: Promise<number> | undefined
   /** The event log's state as the last poll read it (undefined before the first read). */
   #state: LogState | undefined
-  /** Called after each poll with whether an event waits above a hole: the keeper then settles sooner (plugins/app/event-log.ts). */
-  onWaiting: ((waiting: boolean) => void) | undefined
+  /**
+   * Called after each poll with how long an event has waited above a hole
+   * (undefined when none waits): the keeper then settles sooner
+   * (plugins/app/event-log.ts).
+   */
+  onWaiting: ((waitedMs: number | undefined) => void) | undefined
   #timelineLogged = false
   /** The WAL timeline the last poll read on (null on a hot standby, or before the first poll). */
   #readTimeline: number | null = null
@@ -475,7 +479,7 @@ export class EventHub {
     }
     this.#lastPollAt = Date.now()
     this.#noteWait(hole)
-    this.onWaiting?.(hole)
+    this.onWaiting?.(hole ? this.#lastPollAt - this.#waitingSince : undefined)
     // Everything up to the head is handed out: the long-polls that got events answer.
     for (const waiter of this.#waiters) waiter.settled()
   }
