@@ -188,7 +188,7 @@ t.test('ranges are made ahead of the sequence, above what the default partition 
     'a new range starts above the highest id in the default partition and the sequence, past the ids that may be on their way into the default partition meanwhile')
   t.same(await one(client, 'insert into events (event_type) values (\'next\') returning tableoid::regclass::text as partition'), { partition: DEFAULT_PARTITION },
     'the ids below it still go to the default partition')
-  await client.query('select setval(\'events_event_id_seq\', $1)', [made[0]!.start - 1])
+  await client.query('select setval(\'events_event_id_seq\', $1)', [made[0]!.start! - 1])
   t.same(await one(client, 'insert into events (event_type) values (\'next\') returning tableoid::regclass::text as partition'), { partition: made[0]!.name }, 'and from its start, to the range')
   t.equal((await one<{ n: number }>(client, `select count(*)::int as n from ${DEFAULT_PARTITION}`)).n, 4, 'the default partition keeps its rows')
 })

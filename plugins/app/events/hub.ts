@@ -77,8 +77,7 @@ export function assertCursorKept (name: string, cursor: number, state: LogState)
 }
 
 /** A position as a client may be given it: inside a range reissued after a failover, the position that range starts at. */
-export const reportable = (state: LogState | undefined, position: number) =>
-  state === undefined ? position : reissuedRange(state, position)?.[0] ?? position
+export const reportable = (state: LogState, position: number) => reissuedRange(state, position)?.[0] ?? position
 
 /**
  * The one poller of a process. Every pollIntervalMs it reads the events
@@ -245,7 +244,7 @@ export class EventHub {
   async page (offset: StreamOffset, filter: EventFilter, name: string, fresh = false): Promise<StreamPage> {
     const known = await this.ready()
     const head = fresh ? Math.max(known, await settledNow(this.db, known)) : known
-    if (offset === 'now') return { events: [], next: reportable(this.#state, head), upToDate: true }
+    if (offset === 'now') return { events: [], next: reportable(this.#state!, head), upToDate: true }
     if (offset !== 'oldest') return this.#pageOf(await this.#readAfter(offset, filter, name, head), Math.max(offset, head))
     const { state, events } = await this.#readKept(0, filter, head)
     // `-1` starts above the floor: rows at or below it may linger until their partition goes.
@@ -260,7 +259,7 @@ export class EventHub {
   #pageOf (events: StoredEvent[], head: number): StreamPage {
     const full = events.length >= CATCH_UP_PAGE_SIZE
     const last = events.at(-1)?.id ?? head
-    return { events, next: full ? last : reportable(this.#state, Math.max(head, last)), upToDate: !full }
+    return { events, next: full ? last : reportable(this.#state!, Math.max(head, last)), upToDate: !full }
   }
 
   /**
