@@ -35,10 +35,12 @@ export interface OrderTick {
 /**
  * One tick (events_keep_order, migration 0009): a census of the event
  * writers in flight, the settle mark raised, and the settled position
- * published, committed to disk in one statement.
+ * published, committed to disk in one statement. With `pauseMs`, it pauses
+ * that long before each later census, to settle a hole in one tick under
+ * load.
  */
-export async function keepOrder (client: pg.ClientBase): Promise<OrderTick> {
+export async function keepOrder (client: pg.ClientBase, pauseMs = 0): Promise<OrderTick> {
   const { rows: [row] } = await client.query<{ settled: string, history_floor: string, epoch: number, rewound: OrderTick['rewound'] }>(
-    'select settled::text, history_floor::text, epoch, rewound from events_keep_order()')
+    'select settled::text, history_floor::text, epoch, rewound from events_keep_order(pause_ms => $1)', [pauseMs])
   return { settled: Number(row!.settled), historyFloor: Number(row!.history_floor), epoch: row!.epoch, rewound: row!.rewound }
 }

@@ -139,6 +139,7 @@ export async function settledNowWithState (db: Db, known: number): Promise<{ pos
 
 /** The columns a StoredEvent is read from, and the reading. */
 const storedEventColumns = ['e.event_id', 'e.run_id', 'e.thread_id', envelope.as('json')] as const
+const storedEvents = (query: ReturnType<typeof matchingAfter>) => query.select(storedEventColumns)
 const toStoredEvent = (row: { event_id: string, run_id: string, thread_id: string, json: string }): StoredEvent =>
   ({ id: Number(row.event_id), runId: row.run_id, threadId: row.thread_id, json: row.json })
 
@@ -147,20 +148,39 @@ const toStoredEvent = (row: { event_id: string, run_id: string, thread_id: strin
  * with the keeper's state read in the same statement: the events are only
  * what the client missed when `afterId` is at or above the history's floor
  * and in no reissued range. `upTo` must be settled (the hub's head):
- * nothing above it is read. Without `upTo`, the visible events, settled or
- * not: only the hub reads so, and settles what it reads.
+ * nothing above it is read.
  */
-export async function eventsAfterKept (db: Db, afterId: number, filter: EventFilter, limit: number, upTo?: number): Promise<{ state: LogState, events: StoredEvent[] }> {
-  const page = matchingAfter(db, afterId, filter, limit, upTo).select(storedEventColumns)
+export async function eventsAfterKept (db: Db, afterId: number, filter: EventFilter, limit: number, upTo: number): Promise<{ state: LogState, events: StoredEvent[] }> {
+  return withLogState(db, storedEvents(matchingAfter(db, afterId, filter, limit, upTo)))
+}
+
+/**
+ * The poller's read: up to `limit` visible events after `head`, settled or
+ * not (the hub settles what it reads), with the keeper's state in the same
+ * statement. While delivery waits above a hole (nothing settled past the
+ * head, and the next id not visible), the events above it are not read
+ * again, only whether there are any (`waiting`): the state tells when to
+ * read them.
+ */
+export async function pollAfter (db: Db, head: number, limit: number): Promise<{ state: LogState, events: StoredEvent[], waiting: boolean }> {
+  const { state, events, rows } = await withLogState(db, storedEvents(matchingAfter(db, head, {}, limit)
+    .where(sql<boolean>`(s.settled::bigint > ${head} or exists (select 1 from events n where n.event_id = ${head + 1}))`)),
+  // The first id above the head, by index (an EXISTS may be planned as a scan of the heap, whose newest rows come last).
+  sql<boolean>`(select n.event_id from events n where n.event_id > ${head} order by n.event_id limit 1) is not null`)
+  return { state, events, waiting: events.length === 0 && rows[0]!.extra === true }
+}
+
+/** `page` (which may refer to the state as `s`), with the keeper's state and `extra`, in one statement. */
+async function withLogState (db: Db, page: ReturnType<typeof storedEvents>, extra = sql<boolean | null>`null`) {
   const rows = await db.selectFrom(logStateRow.as('s'))
     .leftJoinLateral(page.as('p'), (join) => join.onTrue())
     .selectAll('s')
-    .select(['p.event_id', 'p.run_id', 'p.thread_id', 'p.json'])
+    .select(['p.event_id', 'p.run_id', 'p.thread_id', 'p.json', extra.as('extra')])
     .orderBy('p.event_id')
     .execute()
   const events = rows.flatMap(({ event_id: eventId, run_id: runId, thread_id: threadId, json }) =>
     eventId === null ? [] : [toStoredEvent({ event_id: eventId, run_id: runId!, thread_id: threadId!, json: json! })])
-  return { state: toLogState(rows[0]!), events }
+  return { state: toLogState(rows[0]!), events, rows }
 }
 
 export interface EventPage {

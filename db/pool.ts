@@ -22,7 +22,11 @@ const CLIENT_TIMEOUT_MARGIN_MS = 1000
  * orchestration state even by mistake; statements are cancelled by the
  * server after statementTimeoutMs and abandoned by the client shortly after
  * (a server that stopped answering must not hang a request); timestamps
- * are read in UTC.
+ * are read in UTC. JIT compilation is off: every statement here reads a
+ * few rows by index, and the planner's cost estimate over a partitioned
+ * log (an index scan per partition) crossed jit_above_cost for the
+ * poller's read, whose 2 ms then took 25 ms more to compile
+ * (BENCHMARKS.md, "Holes").
  */
 export function createReadPool (options: ReadPoolOptions): pg.Pool {
   const pool = new pg.Pool({
@@ -37,7 +41,8 @@ export function createReadPool (options: ReadPoolOptions): pg.Pool {
       '-c default_transaction_read_only=on',
       `-c statement_timeout=${options.statementTimeoutMs}`,
       `-c idle_in_transaction_session_timeout=${options.statementTimeoutMs * 2}`,
-      '-c TimeZone=UTC'
+      '-c TimeZone=UTC',
+      '-c jit=off'
     ].join(' ')
   })
   // pg-pool listens for errors only on idle clients: a connection that dies

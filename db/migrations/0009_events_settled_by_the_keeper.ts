@@ -39,10 +39,13 @@ import { sql, type Kysely } from 'kysely'
  *   transaction, committed synchronously: a hole is settled only once the
  *   sequence's record of it is on disk, so a crash never hands it out again.
  *
- * A tick runs two censuses around the raise of the mark, so that the next
- * tick's new holders are bounded by the raised mark. A hole (an id rolled
+ * A tick runs censuses before and after the raise of the mark, so that the
+ * holders they find new are bounded by fresh values. A hole (an id rolled
  * back) is settled by the first tick after its writer ended when no other
- * writer is in flight, else by the second.
+ * writer is in flight, else by the second; or by the first when the tick
+ * pauses (`pause_ms`) before each of its later censuses, long enough for
+ * the short writers of the census before to end (the keeper pauses when a
+ * reader waits on a hole).
  *
  * Failover and rewinds. The tick records the WAL timeline. On a new one (a
  * standby promoted; it may have lost the old primary's last commits, and
@@ -219,7 +222,7 @@ export async function up (db: Kysely<any>): Promise<void> {
     $$`.execute(db)
 
   await sql`
-    create function events_keep_order(jump bigint default ${sql.lit(FAILOVER_JUMP)},
+    create function events_keep_order(jump bigint default ${sql.lit(FAILOVER_JUMP)}, pause_ms integer default 0,
       out settled bigint, out history_floor bigint, out epoch integer, out rewound text)
     language plpgsql volatile security definer set search_path from current as $$
     declare
@@ -268,9 +271,20 @@ export async function up (db: Kysely<any>): Promise<void> {
         case when s.census_drawn is null then '{}'::bigint[] else s.census_late_bounds end as late_bounds
         into prior;
       select * into a from events_census(prior.drawn, prior.mark, prior.writers, prior.draw_bounds, prior.late_bounds);
+      if pause_ms > 0 and cardinality(a.writers) > 0 then
+        -- Writers in flight, seen by a census that may be old: a census a pause later bounds those that
+        -- came since by the sequence's value it read (the others, short, have ended meanwhile).
+        perform pg_sleep(pause_ms / 1000.0);
+        select * into a from events_census(a.drawn, a.mark, a.writers, a.draw_bounds, a.late_bounds);
+      end if;
       -- The lowest id a writer in flight may still draw: no writer's own id is at or below it.
       perform setval('${sql.raw(MARK)}', greatest(a.mark, least(a.drawn, (select min(d) from unnest(a.draw_bounds) d))), true);
       select * into b from events_census(a.drawn, a.mark, a.writers, a.draw_bounds, a.late_bounds);
+      if pause_ms > 0 and cardinality(b.writers) > 0 then
+        -- The same for the mark: those that come after the census above cannot have seen the mark before it.
+        perform pg_sleep(pause_ms / 1000.0);
+        select * into b from events_census(b.drawn, b.mark, b.writers, b.draw_bounds, b.late_bounds);
+      end if;
       select min(least(d, l)) into lowest_bound from unnest(b.draw_bounds, b.late_bounds) u (d, l);
       settled := greatest(s.settled, least(b.mark, b.drawn, lowest_bound));
 
@@ -330,7 +344,7 @@ export async function down (db: Kysely<any>): Promise<void> {
       from start left join ahead on true
       group by start.p
     $$`.execute(db)
-  await sql`drop function events_keep_order(bigint)`.execute(db)
+  await sql`drop function events_keep_order(bigint, integer)`.execute(db)
   await sql`drop function events_timeline()`.execute(db)
   await sql`drop function events_census(bigint, bigint, text[], bigint[], bigint[])`.execute(db)
   await sql`drop trigger events_id_unchanged on events`.execute(db)

@@ -31,9 +31,20 @@ const RETRY_MS = 1000
  * A reader that has waited this long on a hole asks for a tick (an id in
  * flight from writers committing out of order is usually gone by then);
  * the next demanded tick comes at least this long after the last one, the
- * gap doubling, up to the clock interval, while readers keep asking.
+ * gap doubling, up to the clock interval, while ticks settle nothing new.
  */
 export const SOON_TICK_MS = 10
+
+/**
+ * Under load, a hole settles at about the third tick after its writer
+ * ended: one bounds the writers in flight by a census taken before them,
+ * the next raises the mark behind them, the last finds no one who could
+ * have seen the older mark (migration 0009).
+ */
+const TICKS_A_HOLE_NEEDS = 3
+
+/** A tick a reader waits for pauses this long before each of its later censuses (see events_keep_order): the short writers of the census before end meanwhile. */
+const TICK_PAUSE_MS = 5
 
 /** The longest a DETACH or DROP of a partition waits in the events table's lock queue (writers queue behind it meanwhile). */
 export const PARTITION_LOCK_TIMEOUT_MS = 200
@@ -63,14 +74,18 @@ export class EventLogUpkeep {
   #askedAt = Infinity
   #soonGapMs = SOON_TICK_MS
   #lastTickAt = 0
-  #asked = false
+  /** A reader waits on a hole: tick every #soonGapMs until it calms. */
+  #demanded = false
+  /** Ticks asked for in a row that settled nothing new. */
+  #stale = 0
   #lastPassAt = 0
   ticks = 0
   passes = 0
   /** The history's floor as last read (every replica reads it; -1 before the first read). */
   historyFloor = -1
-  /** The epoch the keeper last published (-1 before its first tick here). */
+  /** The epoch and the settled position this replica last published (-1 before its first tick). */
   epoch = -1
+  published = -1
   readonly keeper: PartitionKeeper
 
   constructor (readonly options: UpkeepOptions) {
@@ -91,20 +106,23 @@ export class EventLogUpkeep {
   }
 
   /**
-   * A reader waits on an id that a tick may settle: tick soon, unless one is
-   * due sooner: at once after a quiet spell, else the gap after the last
-   * tick. Each tick asked for doubles the gap (a writer left open is asked
-   * about ever less often); calm() resets it.
+   * A reader waits on an id that a tick may settle: tick at once after a
+   * quiet spell, and then every SOON_TICK_MS until calm(): a hole needs a
+   * few ticks under load. Past TICKS_A_HOLE_NEEDS ticks in a row that
+   * settle nothing new, the gap doubles (a writer left open is asked about
+   * ever less often) up to the clock interval.
    */
   soon (): void {
     if (this.#stopped || !this.#leading) return
-    this.#asked = true
+    this.#demanded = true
     this.#schedule(Math.max(0, this.#lastTickAt + this.#soonGapMs - Date.now()))
   }
 
-  /** Readers no longer wait: the next soon() is quick again. */
+  /** Readers no longer wait: back to the clock interval, and the next soon() is quick again. */
   calm (): void {
+    this.#demanded = false
     this.#soonGapMs = SOON_TICK_MS
+    this.#stale = 0
   }
 
   #schedule (delayMs: number): void {
@@ -150,10 +168,16 @@ export class EventLogUpkeep {
         }
       }
       if (this.#leading) {
-        const tick = await keepOrder(this.#client!)
+        const tick = await keepOrder(this.#client!, this.#demanded ? TICK_PAUSE_MS : 0)
         this.#lastTickAt = Date.now()
-        if (this.#asked) this.#soonGapMs = Math.min(this.#soonGapMs * 2, this.options.clockIntervalMs)
-        this.#asked = false
+        // Ticks asked for keep the pace while they settle something new, or for the few a hole needs under
+        // load (each bounds the writers the one before it saw); past that, a writer left open: back off.
+        if (this.#demanded) {
+          this.#stale = tick.settled > this.published ? 0 : this.#stale + 1
+          this.#soonGapMs = this.#stale < TICKS_A_HOLE_NEEDS ? SOON_TICK_MS : Math.min(this.#soonGapMs * 2, this.options.clockIntervalMs)
+          delay = Math.min(delay, this.#soonGapMs)
+        }
+        this.published = tick.settled
         this.historyFloor = tick.historyFloor
         this.epoch = tick.epoch
         this.ticks++

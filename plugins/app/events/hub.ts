@@ -1,5 +1,5 @@
 import type { FastifyBaseLogger, FastifyReply } from 'fastify'
-import { eventsAfterKept, reissuedRange, settledNow, settledNowWithState, type EventFilter, type LogState, type StoredEvent } from '../../../db/events.js'
+import { eventsAfterKept, pollAfter, reissuedRange, settledNow, settledNowWithState, type EventFilter, type LogState, type StoredEvent } from '../../../db/events.js'
 import type { Db } from '../../../db/schema.js'
 import { ApiError, cursorExpired, cursorReissued, timelinePending } from '../../../errors.js'
 import { Subscriber, type Listener, type StreamFormat, type SubscriberOptions } from './subscriber.js'
@@ -215,15 +215,15 @@ export class EventHub {
    * nothing after `afterId` has gone: the floor is not read), else from the
    * table, the floor read in the same statement.
    */
-  async #readKept (afterId: number, filter: EventFilter, upTo: number | undefined): Promise<{ state: LogState, events: StoredEvent[] }> {
+  async #readKept (afterId: number, filter: EventFilter, upTo: number): Promise<{ state: LogState, events: StoredEvent[] }> {
     // The window ends at the hub's head: a read up to a fresher position goes to the table.
-    const recent = upTo !== undefined && upTo > this.#head! ? undefined : this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
+    const recent = upTo > this.#head! ? undefined : this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
     if (recent !== undefined) return { state: { ...this.#state!, floor: 0 }, events: recent }
     return eventsAfterKept(this.db, afterId, filter, CATCH_UP_PAGE_SIZE, upTo)
   }
 
   /** As #readKept, for a cursor named `name` that a client gave (assertCursorKept). */
-  async #readAfter (afterId: number, filter: EventFilter, name: string, upTo = this.#head): Promise<StoredEvent[]> {
+  async #readAfter (afterId: number, filter: EventFilter, name: string, upTo = this.#head!): Promise<StoredEvent[]> {
     const { state, events } = await this.#readKept(afterId, filter, upTo)
     assertCursorKept(name, afterId, state)
     return events
@@ -313,7 +313,7 @@ export class EventHub {
       if (start === 'tail') {
         subscriber.lastId = await settledNow(this.db, known)
       } else if (start === 'oldest') {
-        const { state: { floor }, events } = await this.#readKept(0, filter, this.#head)
+        const { state: { floor }, events } = await this.#readKept(0, filter, this.#head!)
         subscriber.lastId = floor
         // Rows at or below the floor that linger: the catch-up reads again from the floor.
         firstPage = events.some((event) => event.id <= floor) ? undefined : events
@@ -438,7 +438,7 @@ export class EventHub {
     let head = await this.ready()
     let hole = false
     for (;;) {
-      const { state, events } = await eventsAfterKept(this.db, head, {}, POLL_PAGE_SIZE)
+      const { state, events, waiting } = await pollAfter(this.db, head, POLL_PAGE_SIZE)
       if (state.epoch !== this.#state!.epoch) {
         this.#startEpoch(state)
         head = this.#head!
@@ -458,6 +458,8 @@ export class EventHub {
       const window = this.#window!
       window.raiseFloor(state.floor)
       let settled = Math.max(head, state.settled)
+      // Events above a hole, not read again while it waits.
+      if (waiting) hole = true
       for (const event of events) {
         if (event.id > settled + 1) {
           hole = true
