@@ -6,7 +6,7 @@ import { migrateToLatest } from '../db/migrate.js'
 import { withDatabase } from './helpers/database.js'
 import { openStream } from './helpers/sse.js'
 import { movableAddress } from './helpers/proxy.js'
-import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
+import { queryOn, startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
 import { waitUntil } from './helpers/wait.js'
 
 // A failover to an asynchronous standby that lost the primary's last
@@ -21,16 +21,6 @@ async function serve (t: Test, url: string, readUrl?: string) {
   t.teardown(() => app.close())
   await app.listen({ port: 0, host: '127.0.0.1' })
   return { app, url: `http://127.0.0.1:${(app.server.address() as { port: number }).port}` }
-}
-
-async function query (url: string, text: string) {
-  const client = new pg.Client({ connectionString: url })
-  await client.connect()
-  try {
-    return (await client.query(text)).rows
-  } finally {
-    await client.end()
-  }
 }
 
 async function insert (url: string, count: number, type: string): Promise<number[]> {
@@ -51,7 +41,7 @@ t.test('after a failover that lost commits, a cursor the new primary never saw a
   const primary = withDatabase(pg15.primaryUrl, 'ocp_failover')
   const standby = withDatabase(pg15.standbyUrl, 'ocp_failover')
   await migrateToLatest(primary)
-  await new pg.Client({ connectionString: primary }).connect().then(async (c) => { await c.query(`insert into runs (run_id, goal, summary, status) values ('run-f', 'g', 's', 'running')`); await c.end() })
+  await queryOn(primary, `insert into runs (run_id, goal, summary, status) values ('run-f', 'g', 's', 'running')`)
 
   // A replica that lives through the failover: its reads and its upkeep each go to an address that a failover moves.
   const readAddress = await movableAddress(t, primaryPort!)
@@ -63,7 +53,7 @@ t.test('after a failover that lost commits, a cursor the new primary never saw a
   const keptCursor = kept.at(-1)!
   await waitUntil(async () => Number((await fetch(`${replica.url}/api/runs`)).headers.get('x-event-cursor')) >= keptCursor, 'the primary to settle them')
   // The standby has them, and the keeper's position past them.
-  await waitUntil(async () => Number((await query(standby, 'select settled from event_log_state'))[0]!.settled) >= keptCursor, 'the standby to replay the keeper\'s position')
+  await waitUntil(async () => Number((await queryOn(standby, 'select settled from event_log_state'))[0]!.settled) >= keptCursor, 'the standby to replay the keeper\'s position')
 
   // The standby is cut off; what the primary commits now is lost with it.
   await pg15.detachStandby()
