@@ -28,18 +28,17 @@ export interface UpkeepOptions {
  */
 const RETRY_MS = 1000
 /**
- * A reader that has waited this long on a hole asks for a tick (an id in
+ * A reader that has waited this long on a hole asks for ticks (an id in
  * flight from writers committing out of order is usually gone by then);
- * the next demanded tick comes at least this long after the last one, the
- * gap doubling, up to the clock interval, while ticks settle nothing new.
+ * they come this often while it waits.
  */
 export const SOON_TICK_MS = 10
 
 /**
- * Under load, a hole settles at about the third tick after its writer
- * ended: one bounds the writers in flight by a census taken before them,
- * the next raises the mark behind them, the last finds no one who could
- * have seen the older mark (migration 0009).
+ * Ticks asked for that may settle nothing new before the keeper backs off
+ * (the gap doubling up to the clock interval): under load a hole can take
+ * a few, each bounding the writers that the one before it saw (migration
+ * 0009); past that, a writer is holding its transaction open.
  */
 const TICKS_A_HOLE_NEEDS = 3
 
@@ -53,9 +52,9 @@ export const PARTITION_LOCK_TIMEOUT_MS = 200
  * One replica at a time keeps the event log (the holder of a session-level
  * advisory lock): every clockIntervalMs it ticks (keepOrder: the settled
  * position every reader uses), and starts a pass over the partitions
- * (PartitionKeeper) unless one is still running. A reader waiting on a hole
- * asks for a tick sooner (soon()): SOON_TICK_MS after, then at doubling
- * gaps while the asking goes on. Passes run on a second connection, so that
+ * (PartitionKeeper) unless one is still running. While a reader waits on a
+ * hole (soon() until calm()), it ticks every SOON_TICK_MS, backing off from
+ * a writer left open. Passes run on a second connection, so that
  * a long one (a partition's first scan) never holds a tick back. Another
  * replica takes over within RETRY_MS when the keeper's session ends.
  */
