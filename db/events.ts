@@ -89,7 +89,6 @@ const logStateRow = sql<LogStateRow>`(select s.settled::text, s.history_floor::t
     extract(epoch from clock_timestamp() - s.settled_at)::float8 as settled_age
   from event_log_state s, (select events_timeline() as timeline) t)`
 
-
 const toLogState = (row: LogStateRow): LogState => ({
   settled: Number(row.settled),
   floor: Number(row.floor),
