@@ -90,7 +90,9 @@ export async function up (db: Kysely<any>): Promise<void> {
       add column timeline bigint,
       add column epoch integer not null default 0,
       add column epoch_base bigint not null default 0,
-      add column reissued int8multirange not null default '{}'`.execute(db)
+      add column reissued int8multirange not null default '{}',
+      add column rewind_pending boolean not null default false,
+      add column sequence_file oid`.execute(db)
   // The position readers had (0008's rule, for the writers it knew), as the first settled one and the first mark.
   await sql`update event_log_state set settled = events_settled(0)`.execute(db)
   await sql`select setval(${MARK}, settled, true) from event_log_state`.execute(db)
@@ -136,6 +138,28 @@ export async function up (db: Kysely<any>): Promise<void> {
     for each row
     when (events_id_needs_check(new.event_id))
     execute function events_explicit_id()`.execute(db)
+
+  // TRUNCATE ... RESTART IDENTITY moves the sequence back (to not called): the
+  // ids it hands out again must not be refused as late, and the keeper starts a
+  // new epoch at its next tick, told so in the same transaction (a tick may
+  // not see the sequence's value before the restart). Security definer:
+  // whoever may truncate, may do this.
+  await sql`
+    create function events_truncated() returns trigger
+    language plpgsql security definer set search_path from current as $$
+    begin
+      if not (select s.is_called from ${sql.raw(SEQUENCE)} s) then
+        perform setval('${sql.raw(MARK)}', 0, true);
+        update event_log_state set rewind_pending = true;
+      end if;
+      return null;
+    end
+    $$`.execute(db)
+  await sql`
+    create trigger events_truncated
+    after truncate on events
+    for each statement
+    execute function events_truncated()`.execute(db)
 
   await sql`
     create function events_id_unchanged() returns trigger
@@ -233,6 +257,8 @@ export async function up (db: Kysely<any>): Promise<void> {
       a record;
       b record;
       lowest_bound bigint;
+      last_drawn bigint;
+      moved_back boolean;
     begin
       -- Read while this transaction holds no transaction id yet: the clock's value.
       select case when q.is_called then q.last_value else q.last_value - 1 end into drawn_before_xid from ${sql.raw(SEQUENCE)} q;
@@ -252,8 +278,11 @@ export async function up (db: Kysely<any>): Promise<void> {
         perform setval('${sql.raw(SEQUENCE)}', upper(s.reissued) - 1)
           where (select case when q.is_called then q.last_value else q.last_value - 1 end from ${sql.raw(SEQUENCE)} q) < upper(s.reissued) - 1;
         s.census_drawn := null;
-      elsif s.census_drawn is not null and drawn_before_xid < s.census_drawn then
-        -- The sequence was moved back: its ids will be handed out again.
+      elsif s.rewind_pending
+        or s.sequence_file <> (select c.relfilenode from pg_class c where c.oid = '${sql.raw(SEQUENCE)}'::regclass)
+        or (s.census_drawn is not null and drawn_before_xid < s.census_drawn) then
+        -- The sequence was moved back (TRUNCATE ... RESTART IDENTITY and ALTER SEQUENCE ... RESTART
+        -- give it a new file; setval is seen by its value): its ids will be handed out again.
         rewound := 'sequence';
         s.epoch := s.epoch + 1;
         s.epoch_base := 0;
@@ -270,20 +299,36 @@ export async function up (db: Kysely<any>): Promise<void> {
         case when s.census_drawn is null then '{}'::bigint[] else s.census_draw_bounds end as draw_bounds,
         case when s.census_drawn is null then '{}'::bigint[] else s.census_late_bounds end as late_bounds
         into prior;
+      -- Each read of the sequence must be at or above the one before: below it, the sequence moved back while
+      -- this tick ran (a TRUNCATE ... RESTART IDENTITY committed under it).
+      last_drawn := greatest(prior.drawn, drawn_before_xid);
       select * into a from events_census(prior.drawn, prior.mark, prior.writers, prior.draw_bounds, prior.late_bounds);
+      moved_back := a.drawn < last_drawn;
       if pause_ms > 0 and cardinality(a.writers) > 0 then
         -- Writers in flight, seen by a census that may be old: a census a pause later bounds those that
         -- came since by the sequence's value it read (the others, short, have ended meanwhile).
         perform pg_sleep(pause_ms / 1000.0);
+        last_drawn := a.drawn;
         select * into a from events_census(a.drawn, a.mark, a.writers, a.draw_bounds, a.late_bounds);
+        moved_back := moved_back or a.drawn < last_drawn;
       end if;
       -- The lowest id a writer in flight may still draw: no writer's own id is at or below it.
       perform setval('${sql.raw(MARK)}', greatest(a.mark, least(a.drawn, (select min(d) from unnest(a.draw_bounds) d))), true);
       select * into b from events_census(a.drawn, a.mark, a.writers, a.draw_bounds, a.late_bounds);
+      moved_back := moved_back or b.drawn < a.drawn;
       if pause_ms > 0 and cardinality(b.writers) > 0 then
         -- The same for the mark: those that come after the census above cannot have seen the mark before it.
         perform pg_sleep(pause_ms / 1000.0);
+        last_drawn := b.drawn;
         select * into b from events_census(b.drawn, b.mark, b.writers, b.draw_bounds, b.late_bounds);
+        moved_back := moved_back or b.drawn < last_drawn;
+      end if;
+      if moved_back then
+        -- Publish nothing: the next tick finds the sequence below the census stored, and starts the epoch.
+        settled := s.settled;
+        history_floor := s.history_floor;
+        epoch := s.epoch;
+        return;
       end if;
       select min(least(d, l)) into lowest_bound from unnest(b.draw_bounds, b.late_bounds) u (d, l);
       settled := greatest(s.settled, least(b.mark, b.drawn, lowest_bound));
@@ -296,7 +341,8 @@ export async function up (db: Kysely<any>): Promise<void> {
         waiting_transaction = case when lowest_bound < b.drawn then b.waiting_transaction end,
         prepared_writers = b.prepared,
         timeline = coalesce(current_timeline, s.timeline),
-        epoch = s.epoch, epoch_base = s.epoch_base, reissued = s.reissued,
+        epoch = s.epoch, epoch_base = s.epoch_base, reissued = s.reissued, rewind_pending = false,
+        sequence_file = (select c.relfilenode from pg_class c where c.oid = '${sql.raw(SEQUENCE)}'::regclass),
         history_floor = s.history_floor,
         clock_value = drawn_before_xid, clock_xid = pg_current_xact_id(), clock_at = clock_timestamp()
       returning event_log_state.history_floor, event_log_state.epoch into history_floor, epoch;
@@ -349,6 +395,8 @@ export async function down (db: Kysely<any>): Promise<void> {
   await sql`drop function events_census(bigint, bigint, text[], bigint[], bigint[])`.execute(db)
   await sql`drop trigger events_id_unchanged on events`.execute(db)
   await sql`drop function events_id_unchanged()`.execute(db)
+  await sql`drop trigger events_truncated on events`.execute(db)
+  await sql`drop function events_truncated()`.execute(db)
   await sql`drop trigger events_explicit_id on events`.execute(db)
   await sql`drop function events_id_needs_check(bigint)`.execute(db)
   await sql`
@@ -377,6 +425,7 @@ export async function down (db: Kysely<any>): Promise<void> {
       drop column settled, drop column settled_at, drop column census_drawn, drop column census_mark,
       drop column census_writers, drop column census_draw_bounds, drop column census_late_bounds,
       drop column waiting_pid, drop column waiting_transaction, drop column prepared_writers,
-      drop column timeline, drop column epoch, drop column epoch_base, drop column reissued`.execute(db)
+      drop column timeline, drop column epoch, drop column epoch_base, drop column reissued,
+      drop column rewind_pending, drop column sequence_file`.execute(db)
   await sql`drop sequence ${sql.raw(MARK)}`.execute(db)
 }
