@@ -1,5 +1,7 @@
 import pg from 'pg'
 import t from 'tap'
+import type { LogState } from '../db/events.js'
+import { reportable } from '../plugins/app/events/hub.js'
 import { build } from './helpers/app.js'
 import { testDatabaseUrl } from './helpers/database.js'
 import { insertEvents, openStream } from './helpers/sse.js'
@@ -50,4 +52,12 @@ t.test('a sequence moved back starts a new epoch: streams end, the log says so, 
   await tail.waitFor((s) => s.events().length >= 1, 15_000)
   t.same(tail.events().map((event) => event.event_id), [next], 'and so does a stream from the tail')
   await waitUntil(async () => (await fetch(`${url}/api/runs`)).headers.get('x-event-cursor') === String(next), 'X-Event-Cursor to follow the new ids')
+})
+
+t.test('a position inside a range of ids reissued after a failover is reported as the start of the range', async (t) => {
+  const state = { reissued: [[3, 103]] } as unknown as LogState
+  t.equal(reportable(state, 50), 3, 'inside: the range\'s start, at which every client may resume')
+  t.equal(reportable(state, 103), 3, 'its last id too')
+  t.equal(reportable(state, 3), 3, 'the start itself')
+  t.equal(reportable(state, 104), 104, 'past it: as it is')
 })
