@@ -82,6 +82,8 @@ export class EventLogUpkeep {
   passes = 0
   /** The history's floor as last read (every replica reads it; -1 before the first read). */
   historyFloor = -1
+  /** Called when a tick asked for by a waiting reader settled something new: this replica's poller reads it at once. */
+  onPublished: (() => void) | undefined
   /** The epoch and the settled position this replica last published (-1 before its first tick). */
   epoch = -1
   published = -1
@@ -172,6 +174,7 @@ export class EventLogUpkeep {
         // Ticks asked for keep the pace while they settle something new, or for the few a hole needs under
         // load (each bounds the writers the one before it saw); past that, a writer left open: back off.
         if (this.#demanded) {
+          if (tick.settled > this.published) this.onPublished?.()
           this.#stale = tick.settled > this.published ? 0 : this.#stale + 1
           this.#soonGapMs = this.#stale < TICKS_A_HOLE_NEEDS ? SOON_TICK_MS : Math.min(this.#soonGapMs * 2, this.options.clockIntervalMs)
           delay = Math.min(delay, this.#soonGapMs)
@@ -262,6 +265,8 @@ export default fp(async function eventLogPlugin (app) {
     if (waitedMs === undefined) upkeep.calm()
     else if (waitedMs >= SOON_TICK_MS) upkeep.soon()
   }
+  // What a tick settled reaches this replica's streams without waiting for the wake-up (or, without one, a poll).
+  upkeep.onPublished = () => { app.events.wake() }
   app.addHook('onReady', async () => { upkeep.start() })
   app.addHook('onClose', async () => { await upkeep.stop() })
 }, { name: 'event-log', dependencies: ['db', 'events'] })

@@ -52,7 +52,8 @@ export const WAKE_MIN_GAP_MS = 5
 /**
  * A wake-up's poll that finds nothing new is repeated once after this long:
  * WAL may arrive before its commit is visible (on a hot standby, before it
- * is replayed).
+ * is replayed). So is a poll that begins to wait on a hole: the second
+ * sight of it asks the keeper to settle it (plugins/app/event-log.ts).
  */
 export const WAKE_RECHECK_MS = 10
 
@@ -142,6 +143,8 @@ export class EventHub {
   #waitingAt: number | undefined
   #waitingSince = 0
   #waitLogged = false
+  /** The last poll found a new hole to wait on: poll once more soon (it asks the keeper for a tick then). */
+  #holeBegan = false
   readonly #subscribers = new Set<Subscriber>()
   readonly #waiters = new Set<Waiter>()
   /** Unfiltered listeners (streams and long-poll waiters), all under the key ''. */
@@ -506,6 +509,7 @@ export class EventHub {
 
   /** Tracks how long an event above a hole has waited, and says so once it passes SETTLE_WAIT_LOG_MS. */
   #noteWait (hole: boolean): void {
+    this.#holeBegan = hole && this.#head !== this.#waitingAt
     if (!hole || this.#head !== this.#waitingAt) {
       if (this.#waitLogged) this.options.log.info({ head: this.#head, waitedSeconds: this.settleWaitSeconds }, 'event delivery resumed: the id it waited for settled')
       this.#waitLogged = false
@@ -579,7 +583,7 @@ export class EventHub {
       this.#pollAgain = false
       this.#woken = true
       this.#schedule(this.#lastTickAt + WAKE_MIN_GAP_MS - Date.now())
-    } else if (woken && this.#head === headBefore) {
+    } else if ((woken && this.#head === headBefore) || this.#holeBegan) {
       this.#schedule(WAKE_RECHECK_MS)
     }
     this.#schedule(this.wakeupLive ? this.options.wakeupPollIntervalMs : this.options.pollIntervalMs)
