@@ -190,6 +190,23 @@ t.test('events_settled reads the ids above its position by index, not the log be
   await db.query('commit')
 })
 
+t.test('the settled position of one statement reaches the end of a burst, however long (migration 0010)', async (t) => {
+  const db = await client()
+  t.teardown(() => db.end())
+  const before = Number((await db.query('select events_settled(0) as p')).rows[0].p)
+  const { rows } = await db.query(`insert into events (event_type) select 'burst' from generate_series(1, 3000) returning event_id`)
+  const top = Number(rows.at(-1).event_id)
+  t.equal(Number((await db.query('select events_settled($1) as p', [before])).rows[0].p), top,
+    'a statement given the position before a burst of 3,000 (one transaction) settles up to its last id')
+  await db.query('begin')
+  const { rows: [held] } = await db.query(`insert into events (event_type) values ('held') returning event_id`)
+  const other = await client()
+  t.teardown(() => other.end())
+  await other.query(`insert into events (event_type) select 'after' from generate_series(1, 100)`)
+  t.equal(Number((await other.query('select events_settled($1) as p', [top])).rows[0].p), Number(held.event_id) - 1, 'and stops below an id in flight')
+  await db.query('rollback')
+})
+
 t.test('concurrent writers committing in random order: every subscriber gets every committed event once, ascending', async (t) => {
   const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 10 })
   await app.listen({ port: 0, host: '127.0.0.1' })

@@ -8,6 +8,7 @@ import * as eventsSettledByIndex from './0006_events_settled_by_index.js'
 import * as runsStatusIndex from './0007_runs_status_index.js'
 import * as eventsCensusBySequenceLock from './0008_events_census_by_sequence_lock.js'
 import * as eventsSettledByTheKeeper from './0009_events_settled_by_the_keeper.js'
+import * as eventsSettledExactly from './0010_events_settled_exactly.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -27,5 +28,6 @@ export const migrations: Record<string, Migration> = {
   '0006_events_settled_by_index': eventsSettledByIndex,
   '0007_runs_status_index': runsStatusIndex,
   '0008_events_census_by_sequence_lock': eventsCensusBySequenceLock,
-  '0009_events_settled_by_the_keeper': eventsSettledByTheKeeper
+  '0009_events_settled_by_the_keeper': eventsSettledByTheKeeper,
+  '0010_events_settled_exactly': eventsSettledExactly
 }
