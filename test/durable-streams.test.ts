@@ -39,7 +39,8 @@ t.test('catch-up: a JSON array of envelopes, its offsets, an ETag and 304, the c
   const written = await insertEvents({ run_id: 'ds-a' }, { run_id: 'ds-b' }, { run_id: 'ds-a' })
   const first = await fetch(`${url}/api/streams/runs/ds-a?offset=${encodeOffset(written[0]! - 1)}`)
   t.equal(first.status, 200)
-  t.match(first.headers.get('content-type'), /^application\/json/)
+  t.equal(first.headers.get('content-type'), 'application/json', 'exactly the protocol\'s type, no parameter')
+  t.equal(first.headers.get('cross-origin-resource-policy'), 'cross-origin')
   t.equal(first.headers.get('cache-control'), 'public, max-age=60, stale-while-revalidate=300')
   t.equal(first.headers.get('stream-up-to-date'), 'true')
   const body = await first.json() as Envelope[]
@@ -165,7 +166,7 @@ t.test('retention: an offset below the floor is 410 cursor_expired; -1 then star
   t.same(ids(sse.got), written.slice(2))
   // The client catches up before it opens SSE; raw, SSE itself starts at -1.
   const raw = await (await fetch(`${url}/api/streams/runs/${run}?offset=-1&live=sse`)).text()
-  t.same([...raw.matchAll(/^event: data\ndata: (.*)$/gm)].flatMap((match) => ids(JSON.parse(match[1]!) as Envelope[])), written.slice(2), 'raw SSE from -1: the events kept')
+  t.same([...raw.matchAll(/^event: data\ndata:(.*)$/gm)].flatMap((match) => ids(JSON.parse(match[1]!) as Envelope[])), written.slice(2), 'raw SSE from -1: the events kept')
   const empty = await (await fetch(`${url}/api/streams/events?offset=-1&live=sse`)).text()
   t.match(empty, /event: control/, 'every event, from -1, over rows at or below the floor that linger')
   // A run all above the floor: SSE from -1 starts with the rows it read.
@@ -173,7 +174,7 @@ t.test('retention: an offset below the floor is 410 cursor_expired; -1 then star
   const above = await insertEvents({ run_id: 'ds-above' }, { run_id: 'ds-above' })
   await waitUntil(() => (app.events.head ?? 0) >= above.at(-1)!, 'the hub to read them')
   const fresh = await (await fetch(`${url}/api/streams/runs/ds-above?offset=-1&live=sse`)).text()
-  t.same([...fresh.matchAll(/^event: data\ndata: (.*)$/gm)].flatMap((match) => ids(JSON.parse(match[1]!) as Envelope[])), above, 'raw SSE from -1, no row below the floor')
+  t.same([...fresh.matchAll(/^event: data\ndata:(.*)$/gm)].flatMap((match) => ids(JSON.parse(match[1]!) as Envelope[])), above, 'raw SSE from -1, no row below the floor')
   // A long-poll behind the hub's head answers from its own catch-up at once.
   const behind = await fetch(`${url}/api/streams/runs/ds-above?offset=${encodeOffset(above[0]!)}&live=long-poll`)
   t.equal(behind.status, 200)
@@ -249,10 +250,13 @@ t.test('raw: SSE control events; the server ends the stream after STREAMS_SSE_MA
   await sleep(100)
   const [live] = await insertEvents({ run_id: 'ds-a', thread_id: 'ds-thread' }, { run_id: 'ds-a', thread_id: 'other' })
   const text = await reading
-  const events = [...text.matchAll(/^event: (\w+)\ndata: (.*)$/gm)].map((match) => ({ type: match[1], data: JSON.parse(match[2]!) as unknown }))
-  t.same(events.filter((event) => event.type === 'data').map((event) => ids(event.data as Envelope[])), [[before[0]], [live]], 'one data event per event of the thread, none of another')
+  const events = [...text.matchAll(/^event: (\w+)\ndata:(.*)$/gm)].map((match) => ({ type: match[1], data: JSON.parse(match[2]!) as unknown }))
+  t.same(events.filter((event) => event.type === 'data').map((event) => ids(event.data as Envelope[])), [[before[0]], [live]], 'the catch-up, then each live event of the thread, none of another')
   const controls = events.filter((event) => event.type === 'control').map((event) => event.data as { streamNextOffset: string, streamCursor: string, upToDate: boolean })
-  t.match(controls[0], { streamNextOffset: encodeOffset(before[0]!), upToDate: false }, 'a control after the catch-up\'s event')
+  t.same(events.slice(0, 2).map((event) => event.type), ['data', 'control'], 'the catch-up\'s data first, then its control')
+  t.match(controls[0], { upToDate: true }, 'one control after the catch-up, up to date: it was the last page')
+  t.ok(controls[0]!.streamNextOffset >= encodeOffset(before[0]!))
+  t.same(controls.map((control) => control.streamNextOffset), [...new Set(controls.map((control) => control.streamNextOffset))].sort(), 'no two controls name the same offset; they ascend')
   t.ok(controls.every((control) => /^[0-9a-z]{11}$/.test(control.streamNextOffset) && /^\d+$/.test(control.streamCursor)))
   t.ok(controls.some((control) => control.upToDate && control.streamNextOffset === encodeOffset(live!)), 'live: upToDate with the event\'s offset')
   t.ok(text.startsWith('retry: '), 'retry: first, as on the event stream')
@@ -267,7 +271,9 @@ t.test('bad input: a clear envelope, never a 500; writes are 405', async (t) => 
     ['/api/streams/events?live=poll', 400, 'bad_request'],
     ['/api/streams/events?offset=now&live=long-poll&cursor=abc', 400, 'bad_request'],
     ['/api/streams/runs/no-such-run', 404, 'not_found'],
-    ['/api/streams/threads/no-such-thread?live=sse', 404, 'not_found'],
+    ['/api/streams/threads/no-such-thread?offset=-1&live=sse', 404, 'not_found'],
+    ['/api/streams/events?live=long-poll', 400, 'bad_request'],
+    ['/api/streams/events?live=sse', 400, 'bad_request'],
     [`/api/streams/runs/${'x'.repeat(10_000)}`, 404, 'not_found'],
     ['/api/streams/runs/%00', 400, 'bad_request'],
     ['/api/streams/threads/%F0%9F%98%80%2F..', 404, 'not_found']
@@ -277,12 +283,46 @@ t.test('bad input: a clear envelope, never a 500; writes are 405', async (t) => 
     t.equal(response.status, status, path.slice(0, 80))
     t.match(await response.json(), { error: { code } })
   }
+  const bodies: Array<[string, string | undefined, string | undefined]> = [
+    ['a JSON array', '[]', 'application/json'], ['no body', undefined, undefined], ['invalid JSON', '{"a":', 'application/json'],
+    ['an empty body', '', 'application/json'], ['bytes', '\u0000\u0001binary', 'application/octet-stream'], ['text', 'hello', 'text/plain']
+  ]
   for (const method of ['POST', 'PUT', 'PATCH', 'DELETE']) {
-    const response = await fetch(`${url}/api/streams/runs/ds-a`, { method, body: method === 'DELETE' ? undefined : '[]', headers: method === 'DELETE' ? {} : { 'content-type': 'application/json' } })
-    t.equal(response.status, 405, method)
-    t.equal(response.headers.get('allow'), 'GET, HEAD')
-    t.match(await response.json(), { error: { code: 'method_not_allowed' } })
+    for (const [what, body, type] of bodies) {
+      const response = await fetch(`${url}/api/streams/runs/ds-a`, { method, body, headers: type === undefined ? {} : { 'content-type': type } })
+      t.equal(response.status, 405, `${method} with ${what}`)
+      t.equal(response.headers.get('allow'), 'GET, HEAD')
+      t.match(await response.json(), { error: { code: 'method_not_allowed' } })
+    }
   }
+})
+
+t.test('up to date means up to date: a burst of one transaction is whole in the next read, in every mode', async (t) => {
+  const { url } = await serve(t, { STREAMS_LONG_POLL_MS: 1000, STREAMS_SSE_MAX_MS: 800 })
+  const run = 'ds-burst'
+  await insertGraph({ runs: [makeRun({ run_id: run })] })
+  const streamUrl = `${url}/api/streams/runs/${run}`
+  const written = await insertEvents(...Array.from({ length: 100 }, () => ({ run_id: run })))
+  const page = await fetch(`${streamUrl}?offset=-1`)
+  t.same(ids(await page.json() as Envelope[]), written, 'a catch-up right after a commit of 100 events has all 100')
+  t.equal(page.headers.get('stream-up-to-date'), 'true')
+  t.equal(page.headers.get('stream-next-offset'), encodeOffset(written.at(-1)!))
+
+  const sse = await (await fetch(`${streamUrl}?offset=-1&live=sse`)).text()
+  const frames = [...sse.matchAll(/^event: (\w+)\ndata:(.*)$/gm)].map((match) => ({ type: match[1], data: JSON.parse(match[2]!) as unknown }))
+  t.same(frames[0]?.type, 'data', 'SSE from -1: the data first')
+  t.same(ids(frames[0]!.data as Envelope[]), written, 'all of it, in one batch')
+  t.match(frames[1], { type: 'control', data: { streamNextOffset: encodeOffset(written.at(-1)!), upToDate: true } }, 'then one control, up to date')
+  t.equal(frames.filter((frame) => frame.type === 'control' && (frame.data as { streamNextOffset: string }).streamNextOffset === encodeOffset(written.at(-1)!)).length, 1, 'and no other control names the same offset')
+
+  // offset=now is the tail as a plain read sees it: a long-poll from it gets only what commits after it.
+  const idle = await fetch(`${streamUrl}?offset=now&live=long-poll`)
+  t.equal(idle.status, 204, 'nothing committed since: 204, not the events that already existed')
+  t.equal(idle.headers.get('stream-next-offset'), encodeOffset(written.at(-1)!))
+  const waiting = fetch(`${streamUrl}?offset=now&live=long-poll`)
+  await sleep(100)
+  const [later] = await insertEvents({ run_id: run })
+  t.same(ids(await (await waiting).json() as Envelope[]), [later], 'and a long-poll from now gets what commits after it')
 })
 
 t.test('raw: SSE from now with a quiet filter: the first control event is the tail, up to date; heartbeats move the offset', async (t) => {
@@ -293,7 +333,7 @@ t.test('raw: SSE from now with a quiet filter: the first control event is the ta
   const reading = response.text()
   const [elsewhere] = await insertEvents({ run_id: 'ds-b', thread_id: 'not-this-one' })
   const text = await reading
-  const controls = [...text.matchAll(/^event: control\ndata: (.*)$/gm)].map((match) => JSON.parse(match[1]!) as { streamNextOffset: string, upToDate: boolean })
+  const controls = [...text.matchAll(/^event: control\ndata:(.*)$/gm)].map((match) => JSON.parse(match[1]!) as { streamNextOffset: string, upToDate: boolean })
   t.same(controls[0], { ...controls[0], streamNextOffset: encodeOffset(tail), upToDate: true }, 'first: the tail, up to date')
   t.ok(controls.some((control) => control.streamNextOffset >= encodeOffset(elsewhere!)), 'a quiet stream\'s offset moves past events it does not carry')
   t.notMatch(text, /event: data/, 'no data: nothing of this thread')

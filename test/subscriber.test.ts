@@ -2,7 +2,8 @@ import { createServer, get, type ServerResponse } from 'node:http'
 import { connect } from 'node:net'
 import t from 'tap'
 import type { EventFilter, StoredEvent } from '../db/events.js'
-import { Subscriber, type SubscriberOptions } from '../plugins/app/events/subscriber.js'
+import { durableSseFormat } from '../plugins/app/events/durable.js'
+import { Subscriber, type StreamFormat, type SubscriberOptions } from '../plugins/app/events/subscriber.js'
 
 // The subscriber's hand-off rules, in isolation (the HTTP tests cover the wiring).
 
@@ -30,7 +31,7 @@ class FakeResponse {
 const event = (id: number, fields: Partial<StoredEvent> = {}): StoredEvent => ({ id, runId: 'r', threadId: '', json: `{"event_id":${id}}`, ...fields })
 const ids = (response: FakeResponse) => response.written.flatMap((text) => [...text.matchAll(/^id: (\d+)$/gm)].map((match) => Number(match[1])))
 
-function subscriber (options: Partial<SubscriberOptions> & { table?: StoredEvent[] } = {}, startId = 0, filter: EventFilter = {}) {
+function subscriber (options: Partial<SubscriberOptions> & { table?: StoredEvent[] } = {}, startId = 0, filter: EventFilter = {}, format?: StreamFormat) {
   const response = new FakeResponse()
   const drops: string[] = []
   const table = options.table ?? []
@@ -41,7 +42,7 @@ function subscriber (options: Partial<SubscriberOptions> & { table?: StoredEvent
     slowClientMs: 50,
     onDrop: (_subscriber, reason) => { drops.push(reason) },
     ...options
-  })
+  }, format)
   return { instance, response, drops }
 }
 
@@ -56,6 +57,21 @@ t.test('catch-up pages through the table, then flushes what arrived meanwhile, w
   instance.offer(event(6)) // a repeat of an event already sent
   instance.offer(event(7))
   t.same(ids(response), [1, 2, 3, 4, 5, 6, 7])
+})
+
+t.test('the Durable Streams format: each catch-up page one batch, the last joined by the live events that waited, each event once, one control each', async (t) => {
+  const table = [event(1), event(2), event(3)]
+  const { instance, response } = subscriber({ table }, 0, {}, durableSseFormat(() => 3, () => 'c'))
+  instance.offer(event(3)) // polled live while catching up, and on the last page too
+  instance.offer(event(4))
+  await instance.catchUp()
+  const frames = response.written.join('').split('\n\n').filter((frame) => frame !== '')
+  t.same(frames, [
+    'event: data\ndata:[{"event_id":1},{"event_id":2}]',
+    'event: control\ndata:{"streamNextOffset":"00000000002","streamCursor":"c","upToDate":false}',
+    'event: data\ndata:[{"event_id":3},{"event_id":4}]',
+    'event: control\ndata:{"streamNextOffset":"00000000004","streamCursor":"c","upToDate":true}'
+  ])
 })
 
 t.test('live events overflowing the buffer during catch-up are re-read from the table', async (t) => {

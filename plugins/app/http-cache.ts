@@ -109,6 +109,8 @@ export default fp(async function httpCachePlugin (app) {
     this.header('etag', tag).header('cache-control', controls[kind])
     if (authEnabled) addVary(this, 'Authorization')
     if (noneMatchHits(this.request.headers['if-none-match'], tag)) return this.code(304).send()
-    return this.type('application/json; charset=utf-8').send(body)
+    // A route may have chosen its own JSON type (the Durable Streams routes: exactly `application/json`).
+    if (!this.hasHeader('content-type')) this.type('application/json; charset=utf-8')
+    return this.send(body)
   })
 }, { name: 'http-cache', decorators: { fastify: ['config'] } })

@@ -2,7 +2,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyReply } from 'fastify'
 import { Type, type Static } from 'typebox'
 import { streamSubjectExists, type EventFilter } from '../../db/events.js'
-import { ApiError, notFound } from '../../errors.js'
+import { ApiError, badRequest, notFound } from '../../errors.js'
 import { durableSseFormat, encodeOffset, parseCursor, parseOffset, streamCursor } from '../../plugins/app/events/durable.js'
 import type { StreamPage } from '../../plugins/app/events/hub.js'
 import { NO_STORE } from '../../plugins/app/http-cache.js'
@@ -15,6 +15,10 @@ import { commonErrors, ConditionalHeaders, errorResponse, RunParams, ThreadParam
  * by the events plugin's one poller, fan-out and settled head; this file
  * parses, validates and writes the protocol's headers.
  */
+
+/** The content type of a JSON stream, exactly as the protocol writes it (no parameters; bodies go as bytes, to which Fastify adds no charset). */
+const DURABLE_JSON = 'application/json'
+const EMPTY_ARRAY = Buffer.from('[]')
 
 /** How long a run or thread found to exist is remembered, so that a crowd of long-polls costs no query each. */
 const KNOWN_SUBJECT_MS = 60_000
@@ -91,17 +95,20 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const next = encodeOffset(page.next)
     reply.header('stream-next-offset', next)
     if (page.upToDate) reply.header('stream-up-to-date', 'true')
-    return reply.sendCacheable(`[${page.events.map((event) => event.json).join(',')}]`, 'stream', next)
+    return reply.type(DURABLE_JSON).sendCacheable(`[${page.events.map((event) => event.json).join(',')}]`, 'stream', next)
   }
 
   async function read (query: Static<typeof DurableStreamQuery>, reply: FastifyReply, filter: EventFilter) {
+    const { live } = query
+    // The protocol: a live read names where it starts; only a catch-up may leave it out (then: -1).
+    if (live !== undefined && query.offset === undefined) throw badRequest(`live=${live} needs an offset: -1 (from the oldest event kept), now (the tail), or a Stream-Next-Offset this service sent`)
     const offset = parseOffset(query.offset)
     const cursor = parseCursor(query.cursor)
-    const { live } = query
+    reply.header('cross-origin-resource-policy', 'cross-origin')
     await checkExists(filter)
     if (live === 'sse') {
       const start = offset === 'now' ? 'tail' : offset === 'oldest' ? 'oldest' : { afterId: offset, name: 'offset' }
-      const format = durableSseFormat(() => hub.head!, () => streamCursor(Date.now(), cursor))
+      const format = (head: () => number) => durableSseFormat(head, () => streamCursor(Date.now(), cursor))
       return hub.open(reply, filter, start, { format, maxMs: STREAMS_SSE_MAX_MS }).catch(renameExpired)
     }
     if (live === 'long-poll') {
@@ -117,7 +124,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     if (offset !== 'now') return sendPage(reply, page)
     // The tail moves: never cached, no ETag (the protocol's rule for offset=now).
     return reply.header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')
-      .header('cache-control', NO_STORE).type('application/json; charset=utf-8').send('[]')
+      .header('cache-control', NO_STORE).type(DURABLE_JSON).send(EMPTY_ARRAY)
   }
 
   const notAllowed = new ApiError('method_not_allowed', 'this stream is read-only (GET and HEAD): the orchestrator writes the event log, never a client')
@@ -154,7 +161,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
       await checkExists(filter)
       const page = await hub.page('now', filter, 'offset', true)
       return reply.header('stream-next-offset', encodeOffset(page.next)).header('cache-control', NO_STORE)
-        .type('application/json; charset=utf-8').send()
+        .header('cross-origin-resource-policy', 'cross-origin').type(DURABLE_JSON).send()
     })
 
     app.route({
@@ -167,10 +174,13 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
         ...params,
         response: { 405: errorResponse('`method_not_allowed`: the stream is read-only') }
       },
-      handler: async (_request, reply) => {
+      // Answered before the body is read or parsed, whatever it is (the protocol's writes carry any type).
+      onRequest: async (_request, reply) => {
         reply.header('allow', 'GET, HEAD')
         throw notAllowed
-      }
+      },
+      /* c8 ignore next: onRequest always answers first */
+      handler: async () => { throw notAllowed }
     })
   }
 }

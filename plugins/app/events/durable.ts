@@ -55,19 +55,28 @@ export function streamCursor (now: number, echoed: number | undefined, random = 
 
 /** A `control` event of the protocol's SSE mode: where the client is, and whether that is the head. */
 const controlEvent = (position: number, cursor: string, upToDate: boolean) =>
-  `event: control\ndata: {"streamNextOffset":"${encodeOffset(position)}","streamCursor":"${cursor}","upToDate":${upToDate}}\n\n`
+  `event: control\ndata:{"streamNextOffset":"${encodeOffset(position)}","streamCursor":"${cursor}","upToDate":${upToDate}}\n\n`
 
 /**
- * The protocol's SSE format (JSON mode): each event a `data` event holding
- * a one-message array, then a `control` event; a quiet stream's position
- * and its going live are `control` events alone. `head` is the hub's
+ * The protocol's SSE format (JSON mode): a catch-up page as one `data`
+ * event holding its messages, then one `control` event (up to date once
+ * the page is the last: the live events that came meanwhile join it); each
+ * live event a `data` event holding a one-message array, then a `control`
+ * event; a quiet stream's position is a `control` event alone. `head` is the hub's
  * settled head (a stream that goes live has everything up to it); `cursor`
- * gives the Stream-Cursor of each control event.
+ * gives the Stream-Cursor of each control event. A `data:` field has no
+ * space after its colon, as the reference server writes it (SSE allows
+ * either; a client that matches bytes, like the conformance suite, expects
+ * this one).
  */
 export function durableSseFormat (head: () => number, cursor: () => string): StreamFormat {
   return {
-    event: (event, live) => `event: data\ndata: [${event.json}]\n\n${controlEvent(event.id, cursor(), live)}`,
+    event: (event, live) => `event: data\ndata:[${event.json}]\n\n${controlEvent(event.id, cursor(), live)}`,
     position: (position) => controlEvent(position, cursor(), true),
-    live: (position) => controlEvent(Math.max(position, head()), cursor(), true)
+    batch: (events, position, upToDate) => {
+      const reached = upToDate ? Math.max(position, head()) : position
+      const data = events.length === 0 ? '' : `event: data\ndata:[${events.map((event) => event.json).join(',')}]\n\n`
+      return { text: data + controlEvent(reached, cursor(), upToDate), position: reached }
+    }
   }
 }

@@ -37,9 +37,9 @@ export interface StreamPage {
   upToDate: boolean
 }
 
-/** What makes a stream a Durable Streams SSE stream: its wire format, and when the server ends it. */
+/** What makes a stream a Durable Streams SSE stream: its wire format (given the head it is up to date at), and when the server ends it. */
 export interface DurableStreamOptions {
-  format: StreamFormat
+  format: (head: () => number) => StreamFormat
   maxMs: number
 }
 
@@ -278,7 +278,10 @@ export class EventHub {
     this.#waiters.add(waiter)
     this.#listen(waiter)
     try {
-      if (offset !== 'now') {
+      if (offset === 'now') {
+        // The tail as a plain read sees it now (the hub's head may be a poll behind): only what commits after it.
+        waiter.raiseTo((await this.page('now', filter, name, true)).next)
+      } else {
         const page = await this.page(offset, filter, name)
         if (page.events.length > 0) return page
       }
@@ -304,7 +307,14 @@ export class EventHub {
       throw new ApiError('unavailable', `this instance already serves ${this.options.maxStreams} event streams, retry shortly or on another instance`)
     }
     const known = await this.ready()
-    const subscriber = new Subscriber(reply.raw, filter, typeof start === 'object' ? start.afterId : 0, this.#subscriberOptions, durable?.format)
+    // A Durable Streams read says when it is up to date: it reads up to the
+    // position a read now sees (the hub's head may be a poll behind), set below.
+    let upTo = 0
+    const head = () => Math.max(this.#head!, upTo)
+    const options = durable === undefined
+      ? this.#subscriberOptions
+      : { ...this.#subscriberOptions, readAfter: (afterId: number, filter: EventFilter) => this.#readAfter(afterId, filter, 'the stream\'s position', head()) }
+    const subscriber = new Subscriber(reply.raw, filter, typeof start === 'object' ? start.afterId : 0, options, durable?.format(head))
     // Subscribed before reading the table: whatever the hub polls from now
     // on reaches this subscriber, and whatever it polled before, the reads
     // below see (see docs/stream.md, "How it works", for the argument).
@@ -315,13 +325,16 @@ export class EventHub {
     try {
       if (start === 'tail') {
         subscriber.lastId = await settledNow(this.db, known)
-      } else if (start === 'oldest') {
-        const { state: { floor }, events } = await this.#readKept(0, filter, this.#head!)
-        subscriber.lastId = floor
-        // Rows at or below the floor that linger: the catch-up reads again from the floor.
-        firstPage = events.some((event) => event.id <= floor) ? undefined : events
       } else {
-        firstPage = await this.#readAfter(start.afterId, filter, start.name)
+        if (durable !== undefined) upTo = await settledNow(this.db, known)
+        if (start === 'oldest') {
+          const { state: { floor }, events } = await this.#readKept(0, filter, head())
+          subscriber.lastId = floor
+          // Rows at or below the floor that linger: the catch-up reads again from the floor.
+          firstPage = events.some((event) => event.id <= floor) ? undefined : events
+        } else {
+          firstPage = await this.#readAfter(start.afterId, filter, start.name, head())
+        }
       }
     } catch (err) {
       this.#unsubscribe(subscriber)

@@ -32,14 +32,19 @@ export const KEEP_ALIVE = ': keep-alive\n\n'
 /**
  * How a stream writes what it tells its client: an event, a position it
  * has reached without an event (a quiet filtered stream), and, optionally,
- * the moment it catches up and goes live. The event stream's own format
+ * a catch-up page at once. The event stream's own format
  * (CONTRACT section 5) is EVENT_STREAM_FORMAT; the Durable Streams SSE
  * mode has its own (durable.ts).
  */
 export interface StreamFormat {
   event: (event: StoredEvent, live: boolean) => string
   position: (position: number) => string
-  live?: (position: number) => string
+  /**
+   * A catch-up page at once (the Durable Streams SSE mode): its events, then
+   * one word of where the client is, at `position` or, `upToDate`, at the
+   * head if that is further; returns the text and the position told.
+   */
+  batch?: (events: StoredEvent[], position: number, upToDate: boolean) => { text: string, position: number }
 }
 
 export const EVENT_STREAM_FORMAT: StreamFormat = {
@@ -152,11 +157,19 @@ export class Subscriber implements Listener {
     try {
       let page = firstPage ?? await this.options.readAfter(this.lastId, this.filter)
       for (;;) {
-        for (const event of page) {
-          if (!this.send(event) && !await this.#drained()) return
+        const last = page.length < this.options.pageSize
+        if (this.format.batch !== undefined) {
+          // The last page, the live events that came meanwhile and the head: one batch, one word that it is up to date.
+          const waiting = last ? this.#takeWaiting() : undefined
+          if (!this.#sendBatch(waiting === undefined ? page : [...page, ...waiting], waiting !== undefined) && !await this.#drained()) return
+          if (waiting !== undefined || this.closed) return
+        } else {
+          for (const event of page) {
+            if (!this.send(event) && !await this.#drained()) return
+          }
+          if (this.closed) return
+          if (last && this.#goLive()) return
         }
-        if (this.closed) return
-        if (page.length < this.options.pageSize && this.#goLive()) return
         page = await this.options.readAfter(this.lastId, this.filter)
       }
     } catch (err) {
@@ -212,16 +225,38 @@ export class Subscriber implements Listener {
 
   /** Ends a catch-up pass: false when live events overflowed meanwhile (another pass is needed). */
   #goLive (): boolean {
+    const waiting = this.#takeWaiting()
+    if (waiting === undefined) return false
+    for (const event of waiting) this.send(event)
+    return true
+  }
+
+  /** Goes live, with the live events that waited; undefined when they overflowed (another pass is needed). */
+  #takeWaiting (): StoredEvent[] | undefined {
     if (this.#overflowed) {
       this.#overflowed = false
-      return false
+      return undefined
     }
     const waiting = this.#waiting!
     this.#waiting = undefined
     this.#waitingBytes = 0
-    for (const event of waiting) this.send(event)
-    if (this.format.live !== undefined) this.write(this.format.live(this.lastId))
-    return true
+    return waiting
+  }
+
+  /**
+   * Writes the events past the last id written as one batch (format.batch),
+   * each once: a live event that waited may be on the page too. False when
+   * the socket asks to wait for 'drain'.
+   */
+  #sendBatch (events: StoredEvent[], upToDate: boolean): boolean {
+    const fresh: StoredEvent[] = []
+    for (const event of events) {
+      if (event.id > (fresh.at(-1)?.id ?? this.lastId)) fresh.push(event)
+    }
+    if (fresh.length === 0 && !upToDate) return true
+    const { text, position } = this.format.batch!(fresh, fresh.at(-1)?.id ?? this.lastId, upToDate)
+    this.lastId = position
+    return this.write(text)
   }
 
   /** The client is not keeping up: buffer live events, and catch up once it drains. */

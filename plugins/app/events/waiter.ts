@@ -12,7 +12,14 @@ export class Waiter implements Listener {
   readonly events: StoredEvent[] = []
   #done: (() => void) | undefined
 
-  constructor (readonly filter: EventFilter, readonly afterId: number, readonly limit: number) {}
+  constructor (readonly filter: EventFilter, public afterId: number, readonly limit: number) {}
+
+  /** Starts after `afterId` instead (a fresher position): what was kept at or below it goes. */
+  raiseTo (afterId: number): void {
+    this.afterId = Math.max(this.afterId, afterId)
+    const kept = this.events.filter((event) => event.id > this.afterId)
+    this.events.splice(0, this.events.length, ...kept)
+  }
 
   matches (event: StoredEvent): boolean {
     return matchesFilter(this.filter, event)
