@@ -114,10 +114,10 @@ export const reissuedRange = (state: Pick<LogState, 'reissued'>, cursor: number)
 const historyFloor = sql<string>`(select history_floor from event_log_state)`
 
 /** Events `e` in (afterId, upTo] that match `filter`, the first `limit` of them in ascending id order. */
-function matchingAfter (db: Db, afterId: number | Expression<string>, filter: EventFilter, limit: number, upTo?: number) {
+function matchingAfter (db: Db, afterId: number | Expression<string>, filter: EventFilter, limit: number, upTo?: number | Expression<string>) {
   return db.selectFrom('events as e')
     .where('e.event_id', '>', typeof afterId === 'number' ? String(afterId) : afterId)
-    .$if(upTo !== undefined, (query) => query.where('e.event_id', '<=', String(upTo)))
+    .$if(upTo !== undefined, (query) => query.where('e.event_id', '<=', typeof upTo === 'number' ? String(upTo) : upTo!))
     .$if(filter.runId !== undefined, (query) => query.where('e.run_id', '=', filter.runId!))
     .$if(filter.threadId !== undefined, (query) => query.where('e.thread_id', '=', filter.threadId!))
     .orderBy('e.event_id')
@@ -151,6 +151,32 @@ const toStoredEvent = (row: { event_id: string, run_id: string, thread_id: strin
  */
 export async function eventsAfterKept (db: Db, afterId: number, filter: EventFilter, limit: number, upTo: number): Promise<{ state: LogState, events: StoredEvent[] }> {
   return withLogState(db, storedEvents(matchingAfter(db, afterId, filter, limit, upTo)))
+}
+
+/**
+ * eventsAfterKept up to the settled position of the statement's own
+ * snapshot (`known`: one settled before it, the hub's), which it returns,
+ * and the highest id of an event matching `filter` visible above that
+ * position (`pendingTo`: committed, but not settled yet, behind a writer
+ * in flight), if any. Every matching event committed before the statement
+ * began is at or below `position`, or at or below `pendingTo`.
+ */
+export async function freshEventsAfterKept (db: Db, afterId: number, filter: EventFilter, limit: number, known: number): Promise<{ state: LogState, position: number, events: StoredEvent[], pendingTo: number | undefined }> {
+  // The position once (a materialized CTE read by scalar subqueries: each
+  // is evaluated once, and the partitions are pruned at run time by it).
+  const position = sql<string>`(select pos.p from pos)`
+  const highest = matchingAfter(db, position, filter, 1).clearOrderBy().orderBy('e.event_id', 'desc').select('e.event_id')
+  const rows = await db.with((cte) => cte('pos').materialized(), (query) => query.selectNoFrom(settled(known).as('p')))
+    .selectFrom(logStateRow.as('s'))
+    .leftJoinLateral(storedEvents(matchingAfter(db, afterId, filter, limit, position)).as('p'), (join) => join.onTrue())
+    .selectAll('s')
+    .select(['p.event_id', 'p.run_id', 'p.thread_id', 'p.json', sql<string>`${position}::text`.as('position'), sql<string | null>`(${highest})::text`.as('pending_to')])
+    .orderBy('p.event_id')
+    .execute()
+  const events = rows.flatMap(({ event_id: eventId, run_id: runId, thread_id: threadId, json }) =>
+    eventId === null ? [] : [toStoredEvent({ event_id: eventId, run_id: runId!, thread_id: threadId!, json: json! })])
+  const pendingTo = rows[0]!.pending_to
+  return { state: toLogState(rows[0]!), position: Number(rows[0]!.position), events, pendingTo: pendingTo === null ? undefined : Number(pendingTo) }
 }
 
 /**

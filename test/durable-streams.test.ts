@@ -1,11 +1,13 @@
 import { stream, type JsonBatch } from '@durable-streams/client'
 import type { FastifyInstance } from 'fastify'
+import pg from 'pg'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
-import { CATCH_UP_PAGE_SIZE } from '../plugins/app/events/hub.js'
+import { CATCH_UP_PAGE_SIZE, PENDING_WAIT_MS } from '../plugins/app/events/hub.js'
 import { encodeOffset } from '../plugins/app/events/durable.js'
 import { Waiter } from '../plugins/app/events/waiter.js'
 import { build } from './helpers/app.js'
+import { testDatabaseUrl } from './helpers/database.js'
 import { sql } from 'kysely'
 import { insertGraph, makeAttempt, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
 import { insertEvents, makeEvent } from './helpers/sse.js'
@@ -323,6 +325,63 @@ t.test('up to date means up to date: a burst of one transaction is whole in the 
   await sleep(100)
   const [later] = await insertEvents({ run_id: run })
   t.same(ids(await (await waiting).json() as Envelope[]), [later], 'and a long-poll from now gets what commits after it')
+})
+
+t.test('up to date means up to date: events committed above a writer in flight make a catch-up wait for it, then say what they lack', async (t) => {
+  const { url } = await serve(t)
+  const run = 'ds-pending'
+  await insertGraph({ runs: [makeRun({ run_id: run })] })
+  const streamUrl = `${url}/api/streams/runs/${run}`
+  const [before] = await insertEvents({ run_id: run })
+  const held = new pg.Client({ connectionString: await testDatabaseUrl() })
+  await held.connect()
+  t.teardown(() => held.end())
+  await held.query('begin')
+  const { rows: [drawn] } = await held.query(`insert into events (event_type, run_id) values ('in_flight', $1) returning event_id`, [run])
+  const [above] = await insertEvents({ run_id: run })
+
+  // The writer commits while the read waits: the read has all three, up to date.
+  const started = performance.now()
+  const reading = fetch(`${streamUrl}?offset=-1`)
+  await sleep(200)
+  await held.query('commit')
+  const page = await reading
+  t.same(ids(await page.json() as Envelope[]), [before, Number(drawn.event_id), above], 'the read waited for the writer: every event, in order')
+  t.equal(page.headers.get('stream-up-to-date'), 'true')
+  t.ok(performance.now() - started < PENDING_WAIT_MS, 'answered once the writer committed, not after the whole wait')
+
+  // A writer that stays open: the read answers after PENDING_WAIT_MS with what is settled, not up to date.
+  await held.query('begin')
+  await held.query(`insert into events (event_type, run_id) values ('in_flight', $1)`, [run])
+  const [committed] = await insertEvents({ run_id: run })
+  const waited = performance.now()
+  const partial = await fetch(`${streamUrl}?offset=${encodeOffset(above!)}`)
+  t.ok(performance.now() - waited >= PENDING_WAIT_MS - 50, 'it waited for the writer')
+  t.same(await partial.json(), [], 'nothing past the writer in flight')
+  t.equal(partial.headers.get('stream-up-to-date'), null, 'and it does not say up to date: an event committed before the read is not in it')
+  t.equal(partial.headers.get('stream-next-offset'), encodeOffset(above!))
+  await held.query('rollback')
+  await waitUntil(async () => (await fetch(`${streamUrl}?offset=${encodeOffset(above!)}`)).headers.get('stream-up-to-date') === 'true', 'the read to be up to date')
+  t.same(ids(await (await fetch(`${streamUrl}?offset=${encodeOffset(above!)}`)).json() as Envelope[]), [committed], 'once it rolled back: the event above it, up to date')
+})
+
+t.test('headPast: at once when the head is past the position, after maxMs when it does not move, and at once when the hub stops', async (t) => {
+  const { app } = await serve(t)
+  await insertEvents({ run_id: 'ds-head' })
+  await waitUntil(() => (app.events.head ?? 0) > 0, 'the hub to read the event')
+  const head = app.events.head!
+  let started = performance.now()
+  await app.events.headPast(head - 1, 5000)
+  t.ok(performance.now() - started < 1000, 'past already: at once')
+  started = performance.now()
+  await app.events.headPast(head + 1000, 200)
+  t.ok(performance.now() - started >= 190, 'the head does not move: after maxMs')
+  const waiting = app.events.headPast(head + 1000, 60_000)
+  app.events.stop()
+  await waiting
+  started = performance.now()
+  await app.events.headPast(head + 1000, 60_000)
+  t.ok(performance.now() - started < 1000, 'a stopped hub answers at once')
 })
 
 t.test('raw: SSE from now with a quiet filter: the first control event is the tail, up to date; heartbeats move the offset', async (t) => {

@@ -6,6 +6,11 @@
  * orchestrator's, never a client's: their tests are out of scope as a
  * whole, by block. A name here is the test's describe blocks and title,
  * joined by ' > '.
+ *
+ * The suite creates most of its streams as text/plain, some as binary: the
+ * adapter holds what they append as bytes (adapter.ts), so their tests
+ * check this service's offsets, statuses, headers and SSE framing, and the
+ * adapter's encoding of bytes; none of them needs to be left out.
  */
 
 /** Blocks whose tests read: every test in them is in scope, but for WRITE_TESTS. */

@@ -1,5 +1,5 @@
 import type { FastifyBaseLogger, FastifyReply } from 'fastify'
-import { eventsAfterKept, pollAfter, reissuedRange, settledNow, settledNowWithState, type EventFilter, type LogState, type StoredEvent } from '../../../db/events.js'
+import { eventsAfterKept, freshEventsAfterKept, pollAfter, reissuedRange, settledNow, settledNowWithState, type EventFilter, type LogState, type StoredEvent } from '../../../db/events.js'
 import type { Db } from '../../../db/schema.js'
 import { ApiError, cursorExpired, cursorReissued, timelinePending } from '../../../errors.js'
 import { Subscriber, type Listener, type StreamFormat, type SubscriberOptions } from './subscriber.js'
@@ -62,6 +62,13 @@ export const SETTLE_WAIT_LOG_MS = 5000
 
 /** Events read per catch-up query of a stream that resumes from an older cursor. */
 export const CATCH_UP_PAGE_SIZE = 500
+/**
+ * How long a catch-up read waits for a writer in flight below events
+ * already committed, before it answers without them (not up to date).
+ */
+export const PENDING_WAIT_MS = 1000
+/** How often the poller looks while a read waits on the head (headPast). */
+const HEAD_WAIT_POLL_MS = 10
 
 /**
  * Throws when a client's cursor (`name`) cannot be served as it stands:
@@ -156,6 +163,8 @@ export class EventHub {
   readonly catchUps = { memory: 0, database: 0 }
 
   readonly #subscriberOptions: SubscriberOptions
+  /** Reads waiting for the head to pass a position (headPast). */
+  readonly #headWaits = new Set<{ position: number, resolve: () => void }>()
 
   constructor (readonly db: Db, readonly options: HubOptions) {
     this.#subscriberOptions = {
@@ -246,12 +255,50 @@ export class EventHub {
    */
   async page (offset: StreamOffset, filter: EventFilter, name: string, fresh = false): Promise<StreamPage> {
     const known = await this.ready()
-    const head = fresh ? Math.max(known, await settledNow(this.db, known)) : known
-    if (offset === 'now') return { events: [], next: reportable(this.#state!, head), upToDate: true }
-    if (offset !== 'oldest') return this.#pageOf(await this.#readAfter(offset, filter, name, head), Math.max(offset, head))
-    const { state, events } = await this.#readKept(0, filter, head)
-    // `-1` starts above the floor: rows at or below it may linger until their partition goes.
+    if (offset === 'now') return { events: [], next: reportable(this.#state!, fresh ? Math.max(known, await settledNow(this.db, known)) : known), upToDate: true }
+    if (!fresh) {
+      if (offset !== 'oldest') return this.#pageOf(await this.#readAfter(offset, filter, name, known), Math.max(offset, known))
+      return this.#oldestPage(await this.#readKept(0, filter, known), known)
+    }
+    // `settledBy`: a position settled before the read (the hub's head, once it moved past what the read waits for).
+    const read = (settledBy: number) => freshEventsAfterKept(this.db, offset === 'oldest' ? 0 : offset, filter, CATCH_UP_PAGE_SIZE, settledBy)
+    let fresher = await read(known)
+    // Every event committed before this read is at or below `pendingTo`.
+    const { pendingTo } = fresher
+    if (pendingTo !== undefined && fresher.events.length < CATCH_UP_PAGE_SIZE) {
+      // Some of them lie above the settled position, behind a writer in
+      // flight: wait a little for it (the keeper settles most in
+      // milliseconds), so that a client reading on does not spin.
+      await this.headPast(pendingTo - 1, PENDING_WAIT_MS)
+      fresher = await read(Math.max(known, this.#head!))
+    }
+    const { state, position, events } = fresher
+    const head = Math.max(known, position)
+    let page: StreamPage
+    if (offset === 'oldest') {
+      page = this.#oldestPage({ state, events }, head)
+    } else {
+      assertCursorKept(name, offset, state)
+      page = this.#pageOf(events, Math.max(offset, head))
+    }
+    // Up to date only with every matching event committed before the read.
+    return pendingTo !== undefined && position < pendingTo ? { ...page, upToDate: false } : page
+  }
+
+  /** A page from `-1`: it starts above the floor (rows at or below it may linger until their partition goes). */
+  #oldestPage ({ state, events }: { state: LogState, events: StoredEvent[] }, head: number): StreamPage {
     return { ...this.#pageOf(events, head), events: events.filter((event) => event.id > state.floor) }
+  }
+
+  /** Resolves once the head is past `position` (or at once, if it is), or after `maxMs`. */
+  headPast (position: number, maxMs: number): Promise<void> {
+    if (this.#head! > position || this.#stopped) return Promise.resolve()
+    return new Promise((resolve) => {
+      const entry = { position, resolve: () => { clearTimeout(timer); this.#headWaits.delete(entry); resolve() } }
+      const timer = setTimeout(entry.resolve, maxMs)
+      this.#headWaits.add(entry)
+      this.wake()
+    })
   }
 
   /**
@@ -410,6 +457,7 @@ export class EventHub {
     clearTimeout(this.#timer)
     this.endAll()
     for (const waiter of this.#waiters) waiter.release()
+    for (const wait of this.#headWaits) wait.resolve()
   }
 
   /** Ends every open stream cleanly; their clients reconnect and resume from their last id. */
@@ -499,6 +547,9 @@ export class EventHub {
     this.onWaiting?.(hole ? this.#lastPollAt - this.#waitingSince : undefined)
     // Everything up to the head is handed out: the long-polls that got events answer.
     for (const waiter of this.#waiters) waiter.settled()
+    for (const wait of this.#headWaits) if (head > wait.position) wait.resolve()
+    // Reads still wait on the head: poll again soon (one statement for all of them).
+    if (this.#headWaits.size > 0) this.#schedule(HEAD_WAIT_POLL_MS)
   }
 
   /**
