@@ -1,9 +1,10 @@
 import { stream, type JsonBatch } from '@durable-streams/client'
 import type { FastifyInstance } from 'fastify'
+import { setMaxListeners } from 'node:events'
 import pg from 'pg'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
-import { CATCH_UP_PAGE_SIZE, PENDING_WAIT_MS } from '../plugins/app/events/hub.js'
+import { ANSWERS_PER_TURN, CATCH_UP_PAGE_SIZE, PENDING_WAIT_MS } from '../plugins/app/events/hub.js'
 import { encodeOffset } from '../plugins/app/events/durable.js'
 import { Waiter } from '../plugins/app/events/waiter.js'
 import { build } from './helpers/app.js'
@@ -363,6 +364,32 @@ t.test('up to date means up to date: events committed above a writer in flight m
   await held.query('rollback')
   await waitUntil(async () => (await fetch(`${streamUrl}?offset=${encodeOffset(above!)}`)).headers.get('stream-up-to-date') === 'true', 'the read to be up to date')
   t.same(ids(await (await fetch(`${streamUrl}?offset=${encodeOffset(above!)}`)).json() as Envelope[]), [committed], 'once it rolled back: the event above it, up to date')
+})
+
+t.test('a crowd of long-polls is answered a few hundred at a time, the event loop turning between (hub ANSWERS_PER_TURN)', async (t) => {
+  const { app } = await serve(t)
+  const run = 'ds-crowd'
+  await insertGraph({ runs: [makeRun({ run_id: run })] })
+  const crowd = ANSWERS_PER_TURN * 2 + 50
+  const signal = new AbortController().signal
+  const from = await app.events.ready()
+  const polls = Array.from({ length: crowd }, () => app.events.longPoll(from, { runId: run }, 'offset', 10_000, signal))
+  await waitUntil(() => app.events.waiting === crowd, 'every long-poll to wait')
+  let turned = false
+  const afterTurn: boolean[] = []
+  for (const poll of polls) {
+    void poll.then(() => {
+      if (afterTurn.length === 0) setImmediate(() => { turned = true })
+      afterTurn.push(turned)
+    })
+  }
+  const [written] = await insertEvents({ run_id: run })
+  const pages = await Promise.all(polls)
+  t.ok(pages.every((page) => page.events.length === 1 && page.events[0]!.id === written), 'every long-poll gets the event')
+  // The hub's own turn comes first: before a turn of ours, one or two of its batches.
+  const beforeTurn = afterTurn.filter((after) => !after).length
+  t.ok(beforeTurn >= ANSWERS_PER_TURN && beforeTurn < crowd && beforeTurn % ANSWERS_PER_TURN === 0, `not all in one turn of the loop: ${beforeTurn} of ${crowd} before a turn of ours`)
+  t.ok(afterTurn.at(-1), 'the rest after the loop turned')
 })
 
 t.test('headPast: at once when the head is past the position, after maxMs when it does not move, and at once when the hub stops', async (t) => {

@@ -193,7 +193,8 @@ t.test('load shedding: a saturated event loop answers 503 at once; liveness stil
   // block raises the mean of the sample that records it well past 20 ms.
   // That is the first sample after the block, or, when the sampler's timer
   // runs before the delay histogram's, the one after: wait for it.
-  const app = await build(t, { MAX_EVENT_LOOP_DELAY_MS: 20 })
+  const app = await build(t, { MAX_EVENT_LOOP_DELAY_MS: 20, STREAMS_LONG_POLL_MS: 100 })
+  await insertGraph({ runs: [makeRun({ run_id: 'shed-long-poll' })] })
   const until = Date.now() + 1000
   while (Date.now() < until) { /* block the event loop, as a stuck request would */ }
   let shed = await app.inject('/api/runs')
@@ -205,6 +206,13 @@ t.test('load shedding: a saturated event loop answers 503 at once; liveness stil
   t.same(shed.json(), { error: { code: 'unavailable', message: 'the service is overloaded, try again shortly' } })
   t.equal(shed.headers['retry-after'], '2')
   t.equal((await app.inject('/health')).statusCode, 200, '/health is never shed')
+  // A Durable Streams long-poll waits in memory: not shed for event-loop delay.
+  const [catchUp, longPoll] = await Promise.all([
+    app.inject('/api/streams/runs/shed-long-poll?offset=now'),
+    app.inject('/api/streams/runs/shed-long-poll?offset=now&live=long-poll')
+  ])
+  t.equal(catchUp.statusCode, 503, 'a catch-up read is shed')
+  t.not(longPoll.statusCode, 503, 'a long-poll of the same stream is not')
 })
 
 t.test('load shedding: a slow start is not load (the first requests after it are served)', async (t) => {

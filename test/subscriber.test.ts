@@ -146,6 +146,15 @@ t.test('a catch-up blocked on a client that never drains is cut off too', async 
   t.same(ids(response), [1], 'it stopped writing at the first full buffer')
 })
 
+t.test('the Durable Streams format: a catch-up batch blocked on a client that never drains is cut off too', async (t) => {
+  const { instance, response, drops } = subscriber({ table: [event(1), event(2), event(3)] }, 0, {}, durableSseFormat(() => 3, () => 'c'))
+  response.write = (text: string) => { response.written.push(text); return false }
+  await instance.catchUp()
+  t.ok(response.destroyed)
+  t.same(drops, ['the client is not reading'])
+  t.equal(response.written.length, 1, 'it stopped writing at the first full buffer: one batch')
+})
+
 t.test('a client gone while waiting for drain is not reported', async (t) => {
   const { instance, response, drops } = subscriber({ table: [event(1), event(2)] })
   response.write = (text: string) => { response.written.push(text); return false }

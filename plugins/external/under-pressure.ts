@@ -1,10 +1,20 @@
 import underPressure, { TYPE_EVENT_LOOP_DELAY } from '@fastify/under-pressure'
+import type { FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { getHeapStatistics } from 'node:v8'
 import { overloaded } from '../../errors.js'
 
 /** Routes that answer even under pressure: liveness, readiness, and the metrics that explain it. */
 const ALWAYS_ANSWERED = new Set(['/health', '/ready', '/metrics'])
+
+/**
+ * A Durable Streams long-poll waits in memory and is answered by the
+ * poller's fan-out: shedding it under event-loop delay saves the loop
+ * nothing (it comes back after Retry-After, on a new request), and the
+ * delay it would be shed for is mostly that fan-out's. Memory pressure
+ * still sheds it.
+ */
+const isLongPoll = (request: FastifyRequest) => request.url.startsWith('/api/streams/') && (request.query as { live?: unknown }).live === 'long-poll'
 
 /** Seconds a shed client is asked to wait. */
 const RETRY_AFTER_SECONDS = 2
@@ -35,7 +45,7 @@ export default fp(async function underPressurePlugin (app) {
     // handler, which answers with the envelope.
     pressureHandler: async (request, reply, type, value) => {
       if (ALWAYS_ANSWERED.has(request.url.split('?', 1)[0]!)) return
-      if (type === TYPE_EVENT_LOOP_DELAY && performance.now() < measuresLoadFrom) return
+      if (type === TYPE_EVENT_LOOP_DELAY && (performance.now() < measuresLoadFrom || isLongPoll(request))) return
       request.log.warn({ type, value }, 'shedding load')
       reply.header('retry-after', RETRY_AFTER_SECONDS)
       throw overloaded

@@ -1,4 +1,5 @@
 import type { FastifyBaseLogger, FastifyReply } from 'fastify'
+import { setImmediate } from 'node:timers/promises'
 import { eventsAfterKept, freshEventsAfterKept, pollAfter, reissuedRange, settledNow, settledNowWithState, type EventFilter, type LogState, type StoredEvent } from '../../../db/events.js'
 import type { Db } from '../../../db/schema.js'
 import { ApiError, cursorExpired, cursorReissued, timelinePending } from '../../../errors.js'
@@ -67,6 +68,8 @@ export const CATCH_UP_PAGE_SIZE = 500
  * already committed, before it answers without them (not up to date).
  */
 export const PENDING_WAIT_MS = 1000
+/** Long-polls answered in one turn of the event loop, at most (the rest after the loop has turned). */
+export const ANSWERS_PER_TURN = 200
 /** How often the poller looks while a read waits on the head (headPast). */
 const HEAD_WAIT_POLL_MS = 10
 
@@ -255,7 +258,8 @@ export class EventHub {
    */
   async page (offset: StreamOffset, filter: EventFilter, name: string, fresh = false): Promise<StreamPage> {
     const known = await this.ready()
-    if (offset === 'now') return { events: [], next: reportable(this.#state!, fresh ? Math.max(known, await settledNow(this.db, known)) : known), upToDate: true }
+    // The tail is always as a read sees it now.
+    if (offset === 'now') return { events: [], next: reportable(this.#state!, Math.max(known, await settledNow(this.db, known))), upToDate: true }
     if (!fresh) {
       if (offset !== 'oldest') return this.#pageOf(await this.#readAfter(offset, filter, name, known), Math.max(offset, known))
       return this.#oldestPage(await this.#readKept(0, filter, known), known)
@@ -545,8 +549,14 @@ export class EventHub {
     this.#lastPollAt = Date.now()
     this.#noteWait(hole)
     this.onWaiting?.(hole ? this.#lastPollAt - this.#waitingSince : undefined)
-    // Everything up to the head is handed out: the long-polls that got events answer.
-    for (const waiter of this.#waiters) waiter.settled()
+    // Everything up to the head is handed out: the long-polls that got
+    // events answer, ANSWERS_PER_TURN at a time: a crowd's answers are
+    // written over several turns of the event loop, so that none blocks it
+    // for long (timers, other requests and the load-shedding sample go on).
+    let answered = 0
+    for (const waiter of this.#waiters) {
+      if (waiter.settled() && ++answered % ANSWERS_PER_TURN === 0) await setImmediate()
+    }
     for (const wait of this.#headWaits) if (head > wait.position) wait.resolve()
     // Reads still wait on the head: poll again soon (one statement for all of them).
     if (this.#headWaits.size > 0) this.#schedule(HEAD_WAIT_POLL_MS)

@@ -253,7 +253,6 @@ export class Subscriber implements Listener {
     for (const event of events) {
       if (event.id > (fresh.at(-1)?.id ?? this.lastId)) fresh.push(event)
     }
-    if (fresh.length === 0 && !upToDate) return true
     const { text, position } = this.format.batch!(fresh, fresh.at(-1)?.id ?? this.lastId, upToDate)
     this.lastId = position
     return this.write(text)

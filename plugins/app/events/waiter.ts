@@ -29,9 +29,11 @@ export class Waiter implements Listener {
     if (event.id > this.afterId && this.events.length < this.limit) this.events.push(event)
   }
 
-  /** A poll has handed out everything up to the head: answer if anything came. */
-  settled (): void {
-    if (this.events.length > 0) this.#done?.()
+  /** A poll has handed out everything up to the head: answer if anything came (true when it answers now). */
+  settled (): boolean {
+    if (this.events.length === 0) return false
+    this.#done?.()
+    return true
   }
 
   /** Ends the wait now (the hub stops). */

@@ -1,0 +1,195 @@
+/*
+ * A crowd of Durable Streams long-pollers on one stream, this service
+ * against the protocol's reference server (@durable-streams/server, pinned
+ * in package.json), side by side in one run (BENCHMARKS.md, "A crowd
+ * against the reference server"). Each server runs as a child process
+ * under the same Node as this script, with its defaults (this service's
+ * load shedding on); one client process (this one) opens --pollers
+ * long-pollers, each looping from the Stream-Next-Offset and Stream-Cursor
+ * of its last answer as the official client does, and appends one message
+ * every --interval-ms for --seconds: on the reference server a POST, here
+ * an orchestrator's INSERT. Prints, for each server, the delivery latency
+ * from the moment each append was sent to its arrival at every poller,
+ * the 503s the pollers got, and the TCP connections they opened.
+ *
+ *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run bench:crowd-reference
+ *   ... npm run bench:crowd-reference -- --pollers 1000 --seconds 10
+ *   ... npm run bench:crowd-reference -- --quick            (CI's smoke run)
+ */
+import { spawn, type ChildProcess } from 'node:child_process'
+import { Agent, request } from 'node:http'
+import type { Socket } from 'node:net'
+import { join } from 'node:path'
+import { parseArgs } from 'node:util'
+import pg from 'pg'
+import { migrateToLatest } from '../db/migrate.js'
+import { adminUrl as serverUrl, freePort, root, sleep, withDatabase } from './common.js'
+
+const { values: args } = parseArgs({
+  options: {
+    pollers: { type: 'string', default: '5000' },
+    seconds: { type: 'string', default: '20' },
+    'interval-ms': { type: 'string', default: '200' },
+    rounds: { type: 'string', default: '1' },
+    quick: { type: 'boolean', default: false }
+  }
+})
+const pollers = args.quick ? 100 : Number(args.pollers)
+const seconds = args.quick ? 2 : Number(args.seconds)
+const intervalMs = Number(args['interval-ms'])
+const rounds = args.quick ? 1 : Number(args.rounds)
+const LONG_POLL_MS = 20_000
+const DATABASE = 'ocp_bench_crowd_reference'
+const RUN = 'crowd'
+
+const adminUrl = serverUrl()
+const databaseUrl = withDatabase(adminUrl, DATABASE)
+const percentile = (sorted: number[], p: number) => sorted.length === 0 ? Number.NaN : sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * p))]!
+
+async function until (url: string): Promise<void> {
+  for (let attempt = 0; attempt < 300; attempt++) {
+    try { if ((await fetch(url)).status < 500) return } catch {}
+    await sleep(100)
+  }
+  throw new Error(`${url} did not answer`)
+}
+
+interface Server {
+  name: string
+  child: ChildProcess
+  port: number
+  path: string
+  /** Appends message `n`. */
+  append: (n: number) => Promise<void>
+  /** The messages of a 200's body, by their `n`. */
+  messages: (body: string) => number[]
+  close: () => Promise<void>
+}
+
+async function reference (): Promise<Server> {
+  const port = await freePort()
+  const child = spawn(process.execPath, ['--import', 'tsx', join(root, 'bench/reference-server.ts')], {
+    cwd: root, env: { ...process.env, PORT: String(port), LONG_POLL_MS: String(LONG_POLL_MS) }, stdio: ['ignore', 'inherit', 'inherit']
+  })
+  const path = '/v1/stream/crowd'
+  await until(`http://127.0.0.1:${port}/v1/stream/none`)
+  await fetch(`http://127.0.0.1:${port}${path}`, { method: 'PUT', headers: { 'content-type': 'application/json' } })
+  return {
+    name: 'reference server (@durable-streams/server, in memory)',
+    child,
+    port,
+    path,
+    append: async (n) => { await fetch(`http://127.0.0.1:${port}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ n }) }) },
+    messages: (body) => (JSON.parse(body) as Array<{ n: number }>).map((message) => message.n),
+    close: async () => { child.kill('SIGTERM'); await new Promise((resolve) => child.once('exit', resolve)) }
+  }
+}
+
+async function service (): Promise<Server> {
+  const admin = new pg.Client({ connectionString: adminUrl })
+  await admin.connect()
+  await admin.query(`drop database if exists ${DATABASE} with (force)`)
+  await admin.query(`create database ${DATABASE}`)
+  await admin.end()
+  await migrateToLatest(databaseUrl)
+  const writer = new pg.Client({ connectionString: databaseUrl })
+  await writer.connect()
+  await writer.query(`insert into runs (run_id, goal, summary, status) values ($1, 'crowd', '', 'running')`, [RUN])
+  const port = await freePort()
+  const child = spawn(process.execPath, ['--import', 'tsx', join(root, 'server.ts')], {
+    cwd: root,
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'error', MIGRATE_ON_START: 'false', STREAMS_LONG_POLL_MS: String(LONG_POLL_MS) },
+    stdio: ['ignore', 'inherit', 'inherit']
+  })
+  await until(`http://127.0.0.1:${port}/ready`)
+  return {
+    name: 'this service (Postgres, one replica)',
+    child,
+    port,
+    path: `/api/streams/runs/${RUN}`,
+    append: async (n) => { await writer.query(`insert into events (event_type, run_id, summary, payload) values ('message', $1, 'crowd', $2)`, [RUN, JSON.stringify({ n })]) },
+    messages: (body) => (JSON.parse(body) as Array<{ payload: { n: number } }>).map((event) => event.payload.n),
+    close: async () => { child.kill('SIGTERM'); await new Promise((resolve) => child.once('exit', resolve)); await writer.end() }
+  }
+}
+
+interface Figures { latencies: number[], shed: number, errors: number, connections: number, deliveries: number, skipped: number }
+
+async function crowd (server: Server): Promise<Figures> {
+  const agent = new Agent({ keepAlive: true, maxSockets: Infinity })
+  const sockets = new WeakSet<Socket>()
+  const figures: Figures = { latencies: [], shed: 0, errors: 0, connections: 0, deliveries: 0, skipped: 0 }
+  const sentAt = new Map<number, number>()
+  let stopped = false
+  let waiting = 0
+  /** Each poller's last message: a message it never got, with a later one, is skipped (the servers must not). */
+  const poll = (offset: string, cursor: string | undefined, last = -1) => {
+    if (stopped) return
+    const query = new URLSearchParams({ offset, live: 'long-poll', ...(cursor === undefined ? {} : { cursor }) })
+    const req = request({ host: '127.0.0.1', port: server.port, path: `${server.path}?${query.toString()}`, agent }, (res) => {
+      let body = ''
+      res.setEncoding('utf8')
+      res.on('data', (chunk: string) => { body += chunk })
+      res.on('end', () => {
+        waiting--
+        const now = performance.now()
+        if (res.statusCode === 200) {
+          for (const n of server.messages(body)) {
+            const sent = sentAt.get(n)
+            if (sent === undefined) continue
+            figures.latencies.push(now - sent)
+            figures.deliveries++
+            if (last >= 0 && n > last + 1) figures.skipped += n - last - 1
+            last = n
+          }
+        }
+        if (res.statusCode === 503) {
+          figures.shed++
+          setTimeout(() => poll(offset, cursor, last), Number(res.headers['retry-after'] ?? 1) * 1000)
+          return
+        }
+        poll(String(res.headers['stream-next-offset'] ?? offset), res.headers['stream-cursor'] as string | undefined, last)
+      })
+    })
+    req.on('socket', (socket) => { if (!sockets.has(socket)) { sockets.add(socket); figures.connections++ } })
+    req.on('error', () => { waiting--; figures.errors++; if (!stopped) setTimeout(() => poll(offset, cursor, last), 100) })
+    waiting++
+    req.end()
+  }
+  for (let i = 0; i < pollers; i++) poll('now', undefined)
+  for (let attempt = 0; attempt < 600 && waiting < pollers; attempt++) await sleep(50)
+  await sleep(1000)
+  const appends = Math.round(seconds * 1000 / intervalMs)
+  for (let n = 0; n < appends; n++) {
+    const started = performance.now()
+    sentAt.set(n, started)
+    await server.append(n)
+    await sleep(Math.max(0, intervalMs - (performance.now() - started)))
+  }
+  await sleep(Math.min(5000, 5 * intervalMs))
+  stopped = true
+  agent.destroy()
+  figures.latencies.sort((a, b) => a - b)
+  return figures
+}
+
+console.log(`\nbench:crowd-reference, Node ${process.version}: ${pollers} long-pollers on one stream, an append every ${intervalMs} ms for ${seconds} s, ${rounds} round(s)\n`)
+console.log('| round | server | delivery p50 | p99 | max | deliveries (of pollers × appends) | skipped | 503s | TCP connections | errors |')
+console.log('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
+const figures: Record<string, Figures[]> = {}
+for (let round = 1; round <= rounds; round++) {
+  for (const start of [reference, service]) {
+    const server = await start()
+    try {
+      const result = await crowd(server)
+      ;(figures[server.name] ??= []).push(result)
+      const { latencies } = result
+      const expected = pollers * Math.round(seconds * 1000 / intervalMs)
+      console.log(`| ${round} | ${server.name} | ${percentile(latencies, 0.5).toFixed(0)} ms | ${percentile(latencies, 0.99).toFixed(0)} ms | ${(latencies.at(-1) ?? Number.NaN).toFixed(0)} ms | ${result.deliveries} (${expected}) | ${result.skipped} | ${result.shed} | ${result.connections} | ${result.errors} |`)
+    } finally {
+      await server.close()
+    }
+    await sleep(2000)
+  }
+}
+console.log(`figure ${JSON.stringify(Object.fromEntries(Object.entries(figures).map(([name, runs]) => [name, runs.map((run) => ({ p50: percentile(run.latencies, 0.5), p99: percentile(run.latencies, 0.99), shed: run.shed, connections: run.connections, deliveries: run.deliveries }))])))}`)
