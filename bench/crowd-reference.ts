@@ -8,7 +8,8 @@
  * long-pollers, each looping from the Stream-Next-Offset and Stream-Cursor
  * of its last answer as the official client does, and appends one message
  * every --interval-ms for --seconds: on the reference server a POST, here
- * an orchestrator's INSERT. Prints, for each server, the delivery latency
+ * an orchestrator's INSERT, after a first message that every poller must
+ * have (so that each waits on the server, none in its backlog). Prints, for each server, the delivery latency
  * from the moment each append was sent to its arrival at every poller,
  * the 503s the pollers got, and the TCP connections they opened.
  *
@@ -41,6 +42,8 @@ const rounds = args.quick ? 1 : Number(args.rounds)
 const LONG_POLL_MS = 20_000
 const DATABASE = 'ocp_bench_crowd_reference'
 const RUN = 'crowd'
+/** The message appended first, not measured: every poller has it before the measured appends begin. */
+const WARM_UP = -1
 
 const adminUrl = serverUrl()
 const databaseUrl = withDatabase(adminUrl, DATABASE)
@@ -122,6 +125,7 @@ async function crowd (server: Server): Promise<Figures> {
   const sentAt = new Map<number, number>()
   let stopped = false
   let waiting = 0
+  let warmed = 0
   /** Each poller's last message: a message it never got, with a later one, is skipped (the servers must not). */
   const poll = (offset: string, cursor: string | undefined, last = -1) => {
     if (stopped) return
@@ -135,6 +139,7 @@ async function crowd (server: Server): Promise<Figures> {
         const now = performance.now()
         if (res.statusCode === 200) {
           for (const n of server.messages(body)) {
+            if (n === WARM_UP) warmed++
             const sent = sentAt.get(n)
             if (sent === undefined) continue
             figures.latencies.push(now - sent)
@@ -156,8 +161,13 @@ async function crowd (server: Server): Promise<Figures> {
     waiting++
     req.end()
   }
-  for (let i = 0; i < pollers; i++) poll('now', undefined)
+  // Every poller from the same tail, read once (5,000 reads of `now` would race the first appends).
+  const tail = (await fetch(`http://127.0.0.1:${server.port}${server.path}?offset=now`)).headers.get('stream-next-offset')!
+  for (let i = 0; i < pollers; i++) poll(tail, undefined)
   for (let attempt = 0; attempt < 600 && waiting < pollers; attempt++) await sleep(50)
+  // A message not measured, until every poller has it: each is then waiting on the server, not in its backlog.
+  await server.append(WARM_UP)
+  for (let attempt = 0; attempt < 1200 && warmed < pollers; attempt++) await sleep(50)
   await sleep(1000)
   const appends = Math.round(seconds * 1000 / intervalMs)
   for (let n = 0; n < appends; n++) {

@@ -69,7 +69,7 @@ export const CATCH_UP_PAGE_SIZE = 500
  */
 export const PENDING_WAIT_MS = 1000
 /** Long-polls answered in one turn of the event loop, at most (the rest after the loop has turned). */
-export const ANSWERS_PER_TURN = 200
+export const ANSWERS_PER_TURN = 2000
 /** How often the poller looks while a read waits on the head (headPast). */
 const HEAD_WAIT_POLL_MS = 10
 
@@ -553,6 +553,9 @@ export class EventHub {
     // events answer, ANSWERS_PER_TURN at a time: a crowd's answers are
     // written over several turns of the event loop, so that none blocks it
     // for long (timers, other requests and the load-shedding sample go on).
+    // A turn of 2,000 answers is about 40 ms here; smaller turns made a
+    // crowd of 5,000 wait longer (the re-polls of each batch are read
+    // between): p50 / p99 290 / 647 ms at 200 a turn, 191 / 539 at 2,000.
     let answered = 0
     for (const waiter of this.#waiters) {
       if (waiter.settled() && ++answered % ANSWERS_PER_TURN === 0) await setImmediate()
