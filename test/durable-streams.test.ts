@@ -366,7 +366,7 @@ t.test('up to date means up to date: events committed above a writer in flight m
   t.same(ids(await (await fetch(`${streamUrl}?offset=${encodeOffset(above!)}`)).json() as Envelope[]), [committed], 'once it rolled back: the event above it, up to date')
 })
 
-t.test('a crowd of long-polls is answered a few hundred at a time, the event loop turning between (hub ANSWERS_PER_TURN)', async (t) => {
+t.test('a crowd of long-polls is answered ANSWERS_PER_TURN at a time, the event loop turning between', async (t) => {
   const { app } = await serve(t)
   const run = 'ds-crowd'
   await insertGraph({ runs: [makeRun({ run_id: run })] })
