@@ -173,8 +173,7 @@ export async function freshEventsAfterKept (db: Db, afterId: number, filter: Eve
     .select(['p.event_id', 'p.run_id', 'p.thread_id', 'p.json', sql<string>`${position}::text`.as('position'), sql<string | null>`(${highest})::text`.as('pending_to')])
     .orderBy('p.event_id')
     .execute()
-  const events = rows.flatMap(({ event_id: eventId, run_id: runId, thread_id: threadId, json }) =>
-    eventId === null ? [] : [toStoredEvent({ event_id: eventId, run_id: runId!, thread_id: threadId!, json: json! })])
+  const events = joinedEvents(rows)
   const pendingTo = rows[0]!.pending_to
   return { state: toLogState(rows[0]!), position: Number(rows[0]!.position), events, pendingTo: pendingTo === null ? undefined : Number(pendingTo) }
 }
@@ -195,6 +194,12 @@ export async function pollAfter (db: Db, head: number, limit: number): Promise<{
   return { state, events, waiting: events.length === 0 && rows[0]!.extra === true }
 }
 
+/** The events of a page read joined to the keeper's state (left join: a row without an event when the page is empty). */
+function joinedEvents (rows: Array<{ event_id: string | null, run_id: string | null, thread_id: string | null, json: string | null }>): StoredEvent[] {
+  return rows.flatMap(({ event_id: eventId, run_id: runId, thread_id: threadId, json }) =>
+    eventId === null ? [] : [toStoredEvent({ event_id: eventId, run_id: runId!, thread_id: threadId!, json: json! })])
+}
+
 /** `page` (which may refer to the state as `s`), with the keeper's state and `extra`, in one statement. */
 async function withLogState (db: Db, page: ReturnType<typeof storedEvents>, extra = sql<boolean | null>`null`) {
   const rows = await db.selectFrom(logStateRow.as('s'))
@@ -203,9 +208,7 @@ async function withLogState (db: Db, page: ReturnType<typeof storedEvents>, extr
     .select(['p.event_id', 'p.run_id', 'p.thread_id', 'p.json', extra.as('extra')])
     .orderBy('p.event_id')
     .execute()
-  const events = rows.flatMap(({ event_id: eventId, run_id: runId, thread_id: threadId, json }) =>
-    eventId === null ? [] : [toStoredEvent({ event_id: eventId, run_id: runId!, thread_id: threadId!, json: json! })])
-  return { state: toLogState(rows[0]!), events, rows }
+  return { state: toLogState(rows[0]!), events: joinedEvents(rows), rows }
 }
 
 export interface EventPage {
