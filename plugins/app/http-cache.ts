@@ -102,10 +102,16 @@ function addVary (reply: FastifyReply, name: string) {
 export default fp(async function httpCachePlugin (app) {
   const authEnabled = listOf(app.config.API_TOKENS).length > 0
   const controls = cacheControls(authEnabled)
+  // The last body sent, encoded and tagged: a crowd of long-polls answered
+  // with the same page (the same string) costs one encoding and one hash.
+  let last = { json: '', variant: undefined as string | undefined, body: Buffer.alloc(0), tag: entityTag(Buffer.alloc(0)) }
   app.decorateReply('sendCacheable', function (this: FastifyReply, json: string, kind: CacheKind, variant?: string) {
-    // Encoded once: the same bytes are hashed and sent.
-    const body = Buffer.from(json)
-    const tag = entityTag(variant === undefined ? body : Buffer.concat([Buffer.from(`${variant}\n`), body]))
+    if (json !== last.json || variant !== last.variant) {
+      // Encoded once: the same bytes are hashed and sent.
+      const body = Buffer.from(json)
+      last = { json, variant, body, tag: entityTag(variant === undefined ? body : Buffer.concat([Buffer.from(`${variant}\n`), body])) }
+    }
+    const { body, tag } = last
     this.header('etag', tag).header('cache-control', controls[kind])
     if (authEnabled) addVary(this, 'Authorization')
     if (noneMatchHits(this.request.headers['if-none-match'], tag)) return this.code(304).send()

@@ -1,7 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyReply } from 'fastify'
 import { Type, type Static } from 'typebox'
-import { streamSubjectExists, type EventFilter } from '../../db/events.js'
+import { streamSubjectExists, type EventFilter, type StoredEvent } from '../../db/events.js'
 import { ApiError, badRequest, notFound } from '../../errors.js'
 import { durableSseFormat, encodeOffset, parseCursor, parseOffset, streamCursor } from '../../plugins/app/events/durable.js'
 import type { StreamPage } from '../../plugins/app/events/hub.js'
@@ -19,9 +19,6 @@ import { commonErrors, ConditionalHeaders, errorResponse, RunParams, ThreadParam
 /** The content type of a JSON stream, exactly as the protocol writes it (no parameters; bodies go as bytes, to which Fastify adds no charset). */
 const DURABLE_JSON = 'application/json'
 const EMPTY_ARRAY = Buffer.from('[]')
-
-/** Why a long-poll stops waiting when its client left. */
-const CLIENT_GONE = new Error('the client closed the connection')
 
 /** How long a run or thread found to exist is remembered, so that a crowd of long-polls costs no query each. */
 const KNOWN_SUBJECT_MS = 60_000
@@ -93,12 +90,26 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     throw err
   }
 
+  /**
+   * The last page's body, by its events: a crowd of long-polls answered
+   * together gets the same events (the same objects), and then the same
+   * string, which sendCacheable encodes and tags once.
+   */
+  let lastPage: { events: StoredEvent[], json: string } = { events: [], json: '[]' }
+  function pageJson (events: StoredEvent[]): string {
+    const last = lastPage.events
+    if (events.length !== last.length || events.some((event, i) => event !== last[i])) {
+      lastPage = { events, json: `[${events.map((event) => event.json).join(',')}]` }
+    }
+    return lastPage.json
+  }
+
   /** A page with data, or a catch-up page: the JSON array, its offsets, an ETag covering both, cacheable by its URL. */
   function sendPage (reply: FastifyReply, page: StreamPage) {
     const next = encodeOffset(page.next)
     reply.header('stream-next-offset', next)
     if (page.upToDate) reply.header('stream-up-to-date', 'true')
-    return reply.type(DURABLE_JSON).sendCacheable(`[${page.events.map((event) => event.json).join(',')}]`, 'stream', next)
+    return reply.type(DURABLE_JSON).sendCacheable(pageJson(page.events), 'stream', next)
   }
 
   async function read (query: Static<typeof DurableStreamQuery>, reply: FastifyReply, filter: EventFilter) {
@@ -115,12 +126,9 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
       return hub.open(reply, filter, start, { format, maxMs: STREAMS_SSE_MAX_MS }).catch(renameExpired)
     }
     if (live === 'long-poll') {
-      // Aborted only when the client leaves before its answer (a 'close'
-      // after the answer is every request's), with a reason of ours:
-      // abort() would build a DOMException each time (3% of a crowd's CPU).
-      const gone = new AbortController()
-      reply.raw.once('close', () => { if (!reply.raw.writableEnded) gone.abort(CLIENT_GONE) })
-      const page = await hub.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, gone.signal).catch(renameExpired)
+      // Stopped only when the client leaves before its answer (a 'close' after the answer is every request's).
+      const whenGone = (stop: () => void) => reply.raw.once('close', () => { if (!reply.raw.writableEnded) stop() })
+      const page = await hub.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone).catch(renameExpired)
       reply.header('stream-cursor', streamCursor(Date.now(), cursor))
       if (page.events.length > 0) return sendPage(reply, page)
       return reply.code(204).header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')

@@ -68,8 +68,14 @@ export const CATCH_UP_PAGE_SIZE = 500
  * already committed, before it answers without them (not up to date).
  */
 export const PENDING_WAIT_MS = 1000
-/** Long-polls answered in one turn of the event loop, at most (the rest after the loop has turned). */
-export const ANSWERS_PER_TURN = 2000
+/**
+ * How long the fan-out answers long-polls before it lets the event loop
+ * turn (the rest after it has): well under the load-shedding sample's
+ * interval, so that a crowd's answers never starve it.
+ */
+export const ANSWER_TURN_MS = 100
+/** Long-polls answered between two looks at the clock. */
+export const ANSWERS_PER_CLOCK_LOOK = 128
 /** How often the poller looks while a read waits on the head (headPast). */
 const HEAD_WAIT_POLL_MS = 10
 
@@ -146,6 +152,8 @@ export class EventHub {
   #lastTickAt = 0
   /** Whether a wake-up source is live (set by it): the timed poll is then the slower safety net. */
   wakeupLive = false
+  /** How long the fan-out answers long-polls before the loop turns (ANSWER_TURN_MS; a test makes it 0). */
+  answerTurnMs = ANSWER_TURN_MS
   #stopped = false
   #failing = false
   #lastPollAt = 0
@@ -320,9 +328,10 @@ export class EventHub {
    * A long-poll of a Durable Streams read: the catch-up page when it has
    * events, else the events that the hub's next polls hand out, from
    * memory, as soon as a poll ends with one (no query per waiter), else,
-   * after `timeoutMs` or when `signal` aborts, none and the head.
+   * after `timeoutMs` or when the client goes away (`whenGone` calls the
+   * function it is handed), none and the head.
    */
-  async longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, signal: AbortSignal): Promise<StreamPage> {
+  async longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
     const head = await this.ready()
     const waiter = new Waiter(filter, offset === 'now' ? head : offset === 'oldest' ? 0 : offset, CATCH_UP_PAGE_SIZE)
     // Listening before the catch-up read, for the reason a stream subscribes first (open).
@@ -336,7 +345,7 @@ export class EventHub {
         const page = await this.page(offset, filter, name)
         if (page.events.length > 0) return page
       }
-      await waiter.wait(timeoutMs, signal)
+      await waiter.wait(timeoutMs, whenGone)
     } finally {
       this.#waiters.delete(waiter)
       this.#unlisten(waiter)
@@ -550,15 +559,19 @@ export class EventHub {
     this.#noteWait(hole)
     this.onWaiting?.(hole ? this.#lastPollAt - this.#waitingSince : undefined)
     // Everything up to the head is handed out: the long-polls that got
-    // events answer, ANSWERS_PER_TURN at a time: a crowd's answers are
-    // written over several turns of the event loop, so that none blocks it
-    // for long (timers, other requests and the load-shedding sample go on).
-    // A turn of 2,000 answers is about 40 ms here; smaller turns made a
-    // crowd of 5,000 wait longer (the re-polls of each batch are read
-    // between): p50 / p99 290 / 647 ms at 200 a turn, 191 / 539 at 2,000.
+    // events answer, for at most answerTurnMs at a time, then the loop
+    // turns (timers, other requests, the load-shedding sample) and the rest
+    // answer. Turns of a fixed count were worse for a crowd of 5,000: the
+    // re-polls of each batch are read before the next batch is answered
+    // (p50 / p99 290 / 647 ms at 200 a turn, 191 / 539 at 2,000; all 5,000,
+    // about 100 ms here, in one turn: BENCHMARKS.md).
     let answered = 0
+    let turnBegan = performance.now()
     for (const waiter of this.#waiters) {
-      if (waiter.settled() && ++answered % ANSWERS_PER_TURN === 0) await setImmediate()
+      if (!waiter.settled() || ++answered % ANSWERS_PER_CLOCK_LOOK !== 0) continue
+      if (performance.now() - turnBegan < this.answerTurnMs) continue
+      await setImmediate()
+      turnBegan = performance.now()
     }
     for (const wait of this.#headWaits) if (head > wait.position) wait.resolve()
     // Reads still wait on the head: poll again soon (one statement for all of them).
