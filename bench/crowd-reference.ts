@@ -16,10 +16,16 @@
  *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run bench:crowd-reference
  *   ... npm run bench:crowd-reference -- --pollers 1000 --seconds 10
  *   ... npm run bench:crowd-reference -- --quick            (CI's smoke run)
+ *   ... npm run bench:crowd-reference -- --only service --node-args '--cpu-prof --cpu-prof-dir=/tmp/prof'
+ *
+ * The service runs as it ships (node dist/server.js, built first unless
+ * --no-build; --node-args are given to its Node). "server CPU" is the
+ * CPU time its process used while the appends ran (Linux's /proc).
  */
-import { spawn, type ChildProcess } from 'node:child_process'
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { Agent, request } from 'node:http'
 import type { Socket } from 'node:net'
+import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
@@ -32,7 +38,10 @@ const { values: args } = parseArgs({
     seconds: { type: 'string', default: '20' },
     'interval-ms': { type: 'string', default: '200' },
     rounds: { type: 'string', default: '1' },
-    quick: { type: 'boolean', default: false }
+    quick: { type: 'boolean', default: false },
+    'no-build': { type: 'boolean', default: false },
+    only: { type: 'string' },
+    'node-args': { type: 'string', default: '' }
   }
 })
 const pollers = args.quick ? 100 : Number(args.pollers)
@@ -47,6 +56,13 @@ const WARM_UP = -1
 
 const adminUrl = serverUrl()
 const databaseUrl = withDatabase(adminUrl, DATABASE)
+/** CPU seconds a process has used (Linux's /proc; NaN elsewhere): what a server spent on the crowd, beside the latency its clients saw. */
+function cpuSeconds (pid: number | undefined): number {
+  try {
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /s, '').split(' ')
+    return (Number(fields[11]) + Number(fields[12])) / 100
+  } catch { return Number.NaN }
+}
 const percentile = (sorted: number[], p: number) => sorted.length === 0 ? Number.NaN : sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * p))]!
 
 async function until (url: string): Promise<void> {
@@ -99,7 +115,8 @@ async function service (): Promise<Server> {
   await writer.connect()
   await writer.query(`insert into runs (run_id, goal, summary, status) values ($1, 'crowd', '', 'running')`, [RUN])
   const port = await freePort()
-  const child = spawn(process.execPath, ['--import', 'tsx', join(root, 'server.ts')], {
+  // As it ships (the Dockerfile's and `npm start`'s dist/server.js), not through tsx.
+  const child = spawn(process.execPath, [...args['node-args'].split(' ').filter(Boolean), join(root, 'dist/server.js')], {
     cwd: root,
     env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'error', MIGRATE_ON_START: 'false', STREAMS_LONG_POLL_MS: String(LONG_POLL_MS) },
     stdio: ['ignore', 'inherit', 'inherit']
@@ -116,12 +133,12 @@ async function service (): Promise<Server> {
   }
 }
 
-interface Figures { latencies: number[], shed: number, errors: number, connections: number, deliveries: number, skipped: number }
+interface Figures { latencies: number[], cpu: number, shed: number, errors: number, connections: number, deliveries: number, skipped: number }
 
 async function crowd (server: Server): Promise<Figures> {
   const agent = new Agent({ keepAlive: true, maxSockets: Infinity })
   const sockets = new WeakSet<Socket>()
-  const figures: Figures = { latencies: [], shed: 0, errors: 0, connections: 0, deliveries: 0, skipped: 0 }
+  const figures: Figures = { latencies: [], cpu: 0, shed: 0, errors: 0, connections: 0, deliveries: 0, skipped: 0 }
   const sentAt = new Map<number, number>()
   let stopped = false
   let waiting = 0
@@ -170,6 +187,7 @@ async function crowd (server: Server): Promise<Figures> {
   for (let attempt = 0; attempt < 1200 && warmed < pollers; attempt++) await sleep(50)
   await sleep(1000)
   const appends = Math.round(seconds * 1000 / intervalMs)
+  const cpuBefore = cpuSeconds(server.child.pid)
   for (let n = 0; n < appends; n++) {
     const started = performance.now()
     sentAt.set(n, started)
@@ -177,29 +195,35 @@ async function crowd (server: Server): Promise<Figures> {
     await sleep(Math.max(0, intervalMs - (performance.now() - started)))
   }
   await sleep(Math.min(5000, 5 * intervalMs))
+  figures.cpu = cpuSeconds(server.child.pid) - cpuBefore
   stopped = true
   agent.destroy()
   figures.latencies.sort((a, b) => a - b)
   return figures
 }
 
+if (!args['no-build']) {
+  console.log('bench: npm run build')
+  const build = spawnSync('npm', ['run', 'build'], { cwd: root, stdio: ['ignore', 'ignore', 'inherit'] })
+  if (build.status !== 0) throw new Error('npm run build failed')
+}
 console.log(`\nbench:crowd-reference, Node ${process.version}: ${pollers} long-pollers on one stream, an append every ${intervalMs} ms for ${seconds} s, ${rounds} round(s)\n`)
-console.log('| round | server | delivery p50 | p99 | max | deliveries (of pollers × appends) | skipped | 503s | TCP connections | errors |')
-console.log('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
+console.log('| round | server | delivery p50 | p99 | max | deliveries (of pollers × appends) | skipped | 503s | TCP connections | errors | server CPU |')
+console.log('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
 const figures: Record<string, Figures[]> = {}
 for (let round = 1; round <= rounds; round++) {
-  for (const start of [reference, service]) {
+  for (const start of args.only === 'service' ? [service] : args.only === 'reference' ? [reference] : [reference, service]) {
     const server = await start()
     try {
       const result = await crowd(server)
       ;(figures[server.name] ??= []).push(result)
       const { latencies } = result
       const expected = pollers * Math.round(seconds * 1000 / intervalMs)
-      console.log(`| ${round} | ${server.name} | ${percentile(latencies, 0.5).toFixed(0)} ms | ${percentile(latencies, 0.99).toFixed(0)} ms | ${(latencies.at(-1) ?? Number.NaN).toFixed(0)} ms | ${result.deliveries} (${expected}) | ${result.skipped} | ${result.shed} | ${result.connections} | ${result.errors} |`)
+      console.log(`| ${round} | ${server.name} | ${percentile(latencies, 0.5).toFixed(0)} ms | ${percentile(latencies, 0.99).toFixed(0)} ms | ${(latencies.at(-1) ?? Number.NaN).toFixed(0)} ms | ${result.deliveries} (${expected}) | ${result.skipped} | ${result.shed} | ${result.connections} | ${result.errors} | ${result.cpu.toFixed(1)} s |`)
     } finally {
       await server.close()
     }
     await sleep(2000)
   }
 }
-console.log(`figure ${JSON.stringify(Object.fromEntries(Object.entries(figures).map(([name, runs]) => [name, runs.map((run) => ({ p50: percentile(run.latencies, 0.5), p99: percentile(run.latencies, 0.99), shed: run.shed, connections: run.connections, deliveries: run.deliveries }))])))}`)
+console.log(`figure ${JSON.stringify(Object.fromEntries(Object.entries(figures).map(([name, runs]) => [name, runs.map((run) => ({ p50: percentile(run.latencies, 0.5), p99: percentile(run.latencies, 0.99), shed: run.shed, connections: run.connections, deliveries: run.deliveries, cpu: run.cpu }))])))}`)
