@@ -1,25 +1,63 @@
 #!/usr/bin/env node
-// `npm test`. With a Postgres server to test on (DATABASE_URL, or a Docker
-// engine for testcontainers): the whole suite, coverage required. With
-// neither: the embedded-database suite (`npm run test:embedded`), and a word
-// on how to run the rest. Arguments go on to tap.
-import { spawnSync } from 'node:child_process'
+// `npm test`. With a Postgres server to test on (DATABASE_URL, or one that
+// testcontainers starts on a Docker engine): the whole suite, coverage
+// required. When there is none, whatever the reason (no engine, or an engine
+// that cannot pull or start the image): it says why, then runs the
+// embedded-database suite (`npm run test:embedded`). Arguments go on to tap;
+// named test files (`npm test -- test/runs.test.ts`) run alone, without the
+// coverage bar, which only the whole suite can meet.
+import { spawn } from 'node:child_process'
 import { existsSync } from 'node:fs'
 
 const args = process.argv.slice(2)
-const server = (process.env.DATABASE_URL ?? '') !== '' || (process.env.DOCKER_HOST ?? '') !== '' || existsSync('/var/run/docker.sock')
+const namedFiles = args.some((arg) => arg.endsWith('.ts'))
+const IMAGE = 'postgres:15-alpine'
 
+/** Runs a command to its end; its exit status. */
 function run (command, commandArgs, env = process.env) {
-  const { status, signal } = spawnSync(command, commandArgs, { stdio: 'inherit', env })
-  process.exit(status ?? (signal ? 1 : 0))
+  return new Promise((resolve) => {
+    const child = spawn(command, commandArgs, { stdio: 'inherit', env })
+    /* c8 ignore next: killed by a signal */
+    child.once('exit', (status, signal) => resolve(status ?? (signal ? 1 : 0)))
+  })
 }
 
-if (server) run('npx', ['tap', ...args])
+/** The Postgres to test on, or why there is none. */
+async function findServer () {
+  const fromEnv = process.env.DATABASE_URL ?? ''
+  // An explicit server is used as given: if it is down, the tests say so (a CI that meant it must not quietly run less).
+  if (fromEnv !== '') return { url: fromEnv }
+  /* c8 ignore next 3: test/test-runner.test.ts names a DOCKER_HOST */
+  if ((process.env.DOCKER_HOST ?? '') === '' && !existsSync('/var/run/docker.sock')) {
+    return { why: 'no DATABASE_URL, and no Docker engine for testcontainers (no DOCKER_HOST, no /var/run/docker.sock)' }
+  }
+  try {
+    // One container for the whole run, started here: the test files then see DATABASE_URL.
+    const { PostgreSqlContainer } = await import('@testcontainers/postgresql')
+    const container = await new PostgreSqlContainer(IMAGE).start()
+    /* c8 ignore next: CI's testcontainers run goes through tap directly (.ci/run) */
+    return { url: container.getConnectionUri(), container }
+  } catch (err) {
+    /* c8 ignore next: errors are Errors */
+    const reason = String(err instanceof Error ? err.message : err).split('\n')[0]
+    return { why: `no DATABASE_URL, and testcontainers could not start ${IMAGE} on the Docker engine here: ${reason}` }
+  }
+}
 
-console.log(`No DATABASE_URL and no Docker engine: running the tests that need no Postgres server,
-on the embedded database (npm run test:embedded). The whole suite, with coverage, runs on a server:
+const server = await findServer()
+if (server.url !== undefined) {
+  /* c8 ignore next 2: the whole suite (this run) and a container of our own are what test/test-runner.test.ts cannot start inside it */
+  const status = await run('npx', ['tap', ...(namedFiles ? ['--disable-coverage'] : []), ...args], { ...process.env, DATABASE_URL: server.url })
+  await server.container?.stop()
+  process.exit(status)
+}
+
+console.log(`No Postgres server to test on (${server.why}).
+Running the tests that need none, on the embedded database (npm run test:embedded).
+The whole suite, with coverage, runs on a server:
   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm test
 `)
-// Named files (npm test -- test/runs.test.ts) run alone; otherwise the embedded suite.
-if (args.length > 0) run('npx', ['tap', '--disable-coverage', ...args], { ...process.env, TEST_BACKEND: 'embedded' })
-run('npm', ['run', '--silent', 'test:embedded'])
+// Named files run alone; otherwise the embedded suite.
+if (namedFiles) process.exit(await run('npx', ['tap', '--disable-coverage', ...args], { ...process.env, TEST_BACKEND: 'embedded' }))
+/* c8 ignore next: the whole embedded suite (CI runs it as npm run test:embedded) */
+process.exit(await run('npm', ['run', '--silent', 'test:embedded']))
