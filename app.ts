@@ -5,7 +5,7 @@ import { dirname, join } from 'node:path'
 import { pino } from 'pino'
 import { fileURLToPath } from 'node:url'
 import type { Config } from './config.js'
-import { badRequest, toApiError } from './errors.js'
+import { ACCEPTS, badRequest, toApiError } from './errors.js'
 import { NO_STORE } from './plugins/app/http-cache.js'
 import { countRequests } from './plugins/app/metrics.js'
 import { requestIdOf, requestLogger } from './plugins/app/request-log.js'
@@ -72,6 +72,8 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
       maxParamLength: MAX_ID_LENGTH,
       ignoreTrailingSlash: true
     },
+    // A parameter's sentence for its 400s: an annotation, which Ajv's strict mode must be told of.
+    ajv: { customOptions: { keywords: [ACCEPTS] } },
     // Errors raised before routing (bad percent-encoding, invalid UTF-8)
     // get the envelope too.
     frameworkErrors (error, _request, reply) {

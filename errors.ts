@@ -1,5 +1,5 @@
 /*
- * Every error a client can see (CONTRACT section 4), and the one mapping
+ * Every error a client can see (docs/reference.md, "Errors"), and the one mapping
  * from anything thrown to one of them. Bodies are always
  * {error: {code, message}}; messages never carry a stack, SQL or a secret.
  */
@@ -38,7 +38,20 @@ export const notFound = (what: string) => new ApiError('not_found', `${what} not
 /** Load shedding (plugins/external/under-pressure.ts), and any 503 from the framework. */
 export const overloaded = new ApiError('unavailable', 'the service is overloaded, try again shortly')
 export const badRequest = (message: string) => new ApiError('bad_request', message)
-/** An event cursor (`name`) below the history's floor: events after it are gone (CONTRACT section 6). */
+
+/**
+ * The JSON Schema annotation (registered with Ajv in app.ts) that every
+ * parameter a route validates carries (schemas/api.ts): the one sentence a
+ * 400 says whenever that parameter is wrong, however it is wrong: its name
+ * and what it accepts. So limit=0, limit=abc and limit given twice read
+ * alike, and never in the validator's words.
+ */
+export const ACCEPTS = 'x-accepts'
+
+/** A parameter that is wrong: the sentence of its schema (ACCEPTS). */
+export const invalidParameter = (schema: object) => badRequest((schema as Record<string, string>)[ACCEPTS]!)
+
+/** An event cursor (`name`) below the history's floor: events after it are gone (docs/reference.md, "Event history"). */
 export const cursorExpired = (name: string, cursor: number, floor: number) => new ApiError('cursor_expired',
   `${name} ${cursor} is older than the event history kept (events up to ${floor} are gone): refetch what you show, then resume from the X-Event-Cursor of that read`)
 
@@ -48,6 +61,22 @@ export const cursorExpired = (name: string, cursor: number, floor: number) => ne
  */
 export const cursorReissued = (name: string, cursor: number, after: number, through: number) => new ApiError('cursor_expired',
   `${name} ${cursor} may name an event the database lost in a failover (the ids after ${after} up to ${through} were handed out again): refetch what you show, then resume from the X-Event-Cursor of that read`)
+
+/**
+ * An event cursor (`cursorName`) above every id the event log has handed
+ * out (Kubernetes' "too large resource version"): no event ever had it, so
+ * waiting for one would be waiting forever.
+ */
+export class CursorBeyondError extends ApiError {
+  constructor (readonly cursorName: string, readonly cursor: number, readonly last: number) {
+    super('bad_request', `${cursorName} ${cursor} is beyond the last event_id handed out (${last}): resume from an event_id or X-Event-Cursor this service sent`)
+  }
+}
+
+/** CursorBeyondError in the words of the Durable Streams protocol, whose offsets are opaque. */
+export const offsetBeyond = (offset: string, last: string) =>
+  badRequest(`offset ${offset} is beyond the last offset handed out (${last}): pass -1, now, or a Stream-Next-Offset this service sent`)
+
 /** A cursor read while the database is on a WAL timeline its keeper has not recorded yet (a standby just promoted). */
 export const timelinePending = (name: string) => new ApiError('unavailable',
   `the database was just promoted, and whether ${name} names an event it lost is not known yet: retry in a moment`)
@@ -84,7 +113,29 @@ const frameworkErrors: Record<string, ApiError> = {
   FST_ERR_MAX_PARAM_LENGTH: notFound('resource')
 }
 
-interface ErrorLike { code?: unknown, message?: unknown, statusCode?: unknown, validation?: unknown }
+interface ErrorLike {
+  code?: unknown
+  message?: unknown
+  statusCode?: unknown
+  /** Set by Fastify on a schema's refusal: Ajv's errors, and which part of the request failed (querystring, params, headers). */
+  validation?: Array<{ instancePath?: string }>
+  validationContext?: string
+}
+
+/** A route's request schemas by part (Fastify's routeOptions.schema: querystring, params, headers...). */
+export type RequestSchemas = Record<string, unknown>
+
+/**
+ * The sentence of the parameter a schema refused: its schema's (ACCEPTS),
+ * found by the part of the request and the parameter's name. A parameter
+ * without one (none, test/bad-input.test.ts makes sure) gets a bare one.
+ */
+function refusedParameterMessage (err: ErrorLike, schemas: RequestSchemas = {}): string {
+  const name = err.validation?.[0]?.instancePath?.split('/')[1] ?? ''
+  const part = schemas[err.validationContext ?? ''] as { properties?: Record<string, Record<string, unknown>> } | undefined
+  const sentence = part?.properties?.[name]?.[ACCEPTS]
+  return typeof sentence === 'string' ? sentence : 'a parameter of the request is not valid'
+}
 
 export function isDatabaseUnavailable (err: unknown): boolean {
   if (typeof err !== 'object' || err === null) return false
@@ -98,10 +149,12 @@ export function isDatabaseUnavailable (err: unknown): boolean {
 
 /**
  * Maps anything thrown while serving a request to the error the client sees.
- * Framework errors keep their 4xx status; database trouble becomes 503;
- * everything unforeseen becomes a bare 500 `internal`.
+ * Framework errors keep their 4xx status; a schema's refusal of a parameter
+ * says that parameter's sentence (ACCEPTS), found in the route's `schemas`;
+ * database trouble becomes 503; everything unforeseen becomes a bare 500
+ * `internal`.
  */
-export function toApiError (err: unknown): ApiError {
+export function toApiError (err: unknown, schemas?: RequestSchemas): ApiError {
   if (err instanceof ApiError) return err
   const frameworkError = frameworkErrors[(err as ErrorLike)?.code as string]
   if (frameworkError !== undefined) return frameworkError
@@ -110,10 +163,11 @@ export function toApiError (err: unknown): ApiError {
   if (typeof code === 'string' && badInputSqlStates.some((state) => state.test(code))) {
     return badRequest('the request contains characters the database cannot store')
   }
+  if (validation !== undefined) return badRequest(refusedParameterMessage(err as ErrorLike, schemas))
   if (typeof statusCode === 'number' && statusCode >= 400 && statusCode < 500) {
     if (statusCode === 404) return notFound('resource')
-    // Validation and framework messages describe the request, never the server.
-    const text = typeof message === 'string' && message !== '' && (validation !== undefined || typeof code === 'string')
+    // Framework messages describe the request, never the server.
+    const text = typeof message === 'string' && message !== '' && typeof code === 'string'
       ? message
       : 'bad request'
     return new ApiError(statusCode === 401 ? 'unauthorized' : 'bad_request', text, statusCode)

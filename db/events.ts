@@ -65,6 +65,8 @@ export interface LogState {
   preparedWriters: number
   /** Seconds since the keeper last published the settled position. */
   settledAge: number
+  /** The highest id the sequence has handed out: no cursor above it was ever given (migration 0011). Infinity on a hot standby, which cannot tell. */
+  drawn: number
 }
 
 interface LogStateRow {
@@ -79,6 +81,7 @@ interface LogStateRow {
   waiting_transaction: string | null
   prepared_writers: number
   settled_age: number
+  drawn: string
 }
 
 /** The row of LogState, as one subquery (`s`) that any read can join. */
@@ -86,8 +89,8 @@ const logStateRow = sql<LogStateRow>`(select s.settled::text, s.history_floor::t
     array(select (lower(r) - 1)::text || ':' || (upper(r) - 1)::text from unnest(s.reissued) r) as reissued,
     t.timeline, coalesce(t.timeline <> s.timeline, false) as new_timeline,
     s.waiting_pid, s.waiting_transaction, s.prepared_writers,
-    extract(epoch from clock_timestamp() - s.settled_at)::float8 as settled_age
-  from event_log_state s, (select events_timeline() as timeline) t)`
+    extract(epoch from clock_timestamp() - s.settled_at)::float8 as settled_age, coalesce(t.drawn::text, 'Infinity') as drawn
+  from event_log_state s, (select events_timeline() as timeline, events_drawn() as drawn) t)`
 
 const toLogState = (row: LogStateRow): LogState => ({
   settled: Number(row.settled),
@@ -100,7 +103,8 @@ const toLogState = (row: LogStateRow): LogState => ({
   waitingPid: row.waiting_pid,
   waitingTransaction: row.waiting_transaction,
   preparedWriters: row.prepared_writers,
-  settledAge: row.settled_age
+  settledAge: row.settled_age,
+  drawn: Number(row.drawn)
 })
 
 /** The reissued range (after, through] that holds `cursor`, if one does. */

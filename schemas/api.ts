@@ -1,32 +1,60 @@
-import { Type, type TObject } from 'typebox'
-import { badRequest } from '../errors.js'
+import { Type, type TObject, type TSchema } from 'typebox'
+import { ACCEPTS, invalidParameter } from '../errors.js'
 
-/* The request and response shapes of the routes of SPEC section 4. */
+/* The request and response shapes of the routes of docs/reference.md, "Endpoints". */
 
 /** Longest path parameter routed: a longer id answers 404 without a query. */
 export const MAX_ID_LENGTH = 1024
 
-/**
- * An identifier in a path. SPEC leaves the format open, so any text is
- * accepted except NUL, which no Postgres text value can hold.
+/*
+ * The parameters the routes validate: each schema carries the one sentence
+ * a 400 about it says, however it is wrong (ACCEPTS, errors.ts); a check a
+ * schema cannot make (a parse*, below) throws the same sentence.
  */
-const Id = (description: string) => Type.String({ minLength: 1, pattern: '^[^\\u0000]+$', description })
 
-export const RunParams = Type.Object({ runID: Id('run_id of the run') })
-export const ThreadParams = Type.Object({ threadID: Id('thread_id of the thread') })
+/**
+ * An identifier, in a path or as a filter. SPEC leaves the format open, so
+ * any text is accepted except NUL, which no Postgres text value can hold;
+ * an empty one is refused (`?run_id=` filters nothing, it is a mistake).
+ */
+const Id = (name: string, description: string) => Type.String({
+  minLength: 1,
+  pattern: '^[^\\u0000]+$',
+  description,
+  [ACCEPTS]: `${name} must be a non-empty id with no NUL character`
+})
 
-/** An event id as a client writes it: digits, at most 16 of them. */
+export const RunParams = Type.Object({ runID: Id('run_id', 'run_id of the run') })
+export const ThreadParams = Type.Object({ threadID: Id('thread_id', 'thread_id of the thread') })
+
+/** An event id as a client writes it: digits, at most 16 of them (and within 2^53: parseEventCursor). */
 const EVENT_CURSOR_PATTERN = '^[0-9]{1,16}$'
 const eventCursorDigits = new RegExp(EVENT_CURSOR_PATTERN)
+const eventCursorAccepts = (name: string) => `${name} must be an event_id: an integer from 0 to ${Number.MAX_SAFE_INTEGER}`
+
+/** An event id given by a client in the query: a non-negative integer, as text. */
+export const AfterEventId = Type.String({
+  pattern: EVENT_CURSOR_PATTERN,
+  description: 'An event_id: the stream resumes after it (0 replays from the first event); below the history kept, 410 `cursor_expired`; beyond the last event_id ever handed out, 400',
+  [ACCEPTS]: eventCursorAccepts('after_event_id')
+})
+
+/** The event stream's request headers: an EventSource's resume point (checked by parseEventCursor: blank is no header). */
+export const StreamHeaders = Type.Object({
+  'last-event-id': Type.Optional(Type.String({
+    description: 'The last event_id received; wins over after_event_id',
+    [ACCEPTS]: eventCursorAccepts('Last-Event-ID')
+  }))
+})
 
 /**
- * A client's cursor (after_event_id, or the Last-Event-ID header, which no
- * schema checks) as a number; anything but a non-negative integer event id
- * within 2^53 is a 400 naming the parameter.
+ * A client's event cursor (after_event_id, or the Last-Event-ID header, as
+ * `schema` says) as a number; anything but a non-negative integer event id
+ * within 2^53 is the schema's 400.
  */
-export function parseCursor (text: string, name: string): number {
+export function parseEventCursor (text: string, schema: TSchema): number {
   const value = eventCursorDigits.test(text) ? Number(text) : Number.NaN
-  if (!Number.isSafeInteger(value)) throw badRequest(`${name} must be a non-negative integer event_id`)
+  if (!Number.isSafeInteger(value)) throw invalidParameter(schema)
   return value
 }
 
@@ -34,46 +62,58 @@ export function parseCursor (text: string, name: string): number {
 export const MAX_PAGE_LIMIT = 1000
 
 /**
- * A page size, as digits. Not a number type: Ajv's coercion turns "1e309"
- * into Infinity and lets it pass as an integer within any maximum.
+ * A page size, as digits (at most MAX_PAGE_LIMIT: parseLimit). Not a number
+ * type: Ajv's coercion turns "1e309" into Infinity and lets it pass as an
+ * integer within any maximum.
  */
-const Limit = (description: string) => Type.String({ pattern: '^[1-9][0-9]{0,3}$', description: `${description}: 1 to ${MAX_PAGE_LIMIT}` })
+const PageLimit = Type.String({
+  pattern: '^[1-9][0-9]{0,3}$',
+  description: `Page size: 1 to ${MAX_PAGE_LIMIT}`,
+  [ACCEPTS]: `limit must be an integer from 1 to ${MAX_PAGE_LIMIT}`
+})
 
 /** The `limit` query parameter as a number (undefined when absent); beyond MAX_PAGE_LIMIT is a 400. */
 export function parseLimit (text: string | undefined): number | undefined {
   if (text === undefined) return undefined
   const limit = Number(text)
-  if (limit > MAX_PAGE_LIMIT) throw badRequest(`limit must be between 1 and ${MAX_PAGE_LIMIT}`)
+  if (limit > MAX_PAGE_LIMIT) throw invalidParameter(PageLimit)
   return limit
 }
 
-/** Optional keyset paging (CONTRACT section 3); the next page's URL is in the `Link` header. */
+/** The opaque position of a list's next page (docs/reference.md, "Ordering and pages"; decoded in routes/api/runs.ts). */
+export const PageCursor = Type.String({
+  minLength: 1,
+  maxLength: 512,
+  pattern: '^[A-Za-z0-9_-]+$',
+  description: 'Opaque position from the previous page\'s Link: rel="next" URL',
+  [ACCEPTS]: 'cursor must be the cursor of a Link: rel="next" URL, unchanged'
+})
+
+/** Optional keyset paging (docs/reference.md, "Ordering and pages"); the next page's URL is in the `Link` header. */
 export const PageQuery = Type.Object({
-  limit: Type.Optional(Limit('Page size')),
-  cursor: Type.Optional(Type.String({
-    minLength: 1,
-    maxLength: 512,
-    pattern: '^[A-Za-z0-9_-]+$',
-    description: 'Opaque position from the previous page\'s Link: rel="next" URL'
-  }))
+  limit: Type.Optional(PageLimit),
+  cursor: Type.Optional(PageCursor)
+})
+
+const RunStatuses = Type.String({
+  minLength: 1,
+  maxLength: 4096,
+  pattern: '^[^\\u0000]+$',
+  description: 'Only runs in this status, or in any of several separated by commas (`status=running,blocked`); the orchestrator\'s strings, matched exactly',
+  [ACCEPTS]: 'status must name one or more run statuses, separated by commas'
 })
 
 /** The run list's query: paging, and a filter on the run's status. */
 export const RunsQuery = Type.Object({
   ...PageQuery.properties,
-  status: Type.Optional(Type.String({
-    minLength: 1,
-    maxLength: 4096,
-    pattern: '^[^\\u0000]+$',
-    description: 'Only runs in this status, or in any of several separated by commas (`status=running,blocked`); the orchestrator\'s strings, matched exactly'
-  }))
+  status: Type.Optional(RunStatuses)
 })
 
 /** The statuses of `status=a,b` (empty items dropped, each once); undefined when absent; only commas is a 400. */
 export function parseStatuses (text: string | undefined): string[] | undefined {
   if (text === undefined) return undefined
   const statuses = [...new Set(text.split(',').filter((status) => status !== ''))]
-  if (statuses.length === 0) throw badRequest('status must name at least one status')
+  if (statuses.length === 0) throw invalidParameter(RunStatuses)
   return statuses
 }
 
@@ -102,29 +142,49 @@ export const EventList = Type.Object({
 /** The response wrappers, registered like the resources so documents name them. */
 export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope, EventList]
 
-/** An event id given by a client: a non-negative integer, as text. */
-export const EventCursor = Type.String({
-  pattern: EVENT_CURSOR_PATTERN,
-  description: 'An event_id: the stream resumes after it (0 replays from the first event); below the history kept, 410 `cursor_expired`'
-})
-
 const eventFilters = {
-  run_id: Type.Optional(Type.String({ pattern: '^[^\\u0000]*$', description: 'Only events of this run' })),
-  thread_id: Type.Optional(Type.String({ pattern: '^[^\\u0000]*$', description: 'Only events of this thread' }))
+  run_id: Type.Optional(Id('run_id', 'Only events of this run')),
+  thread_id: Type.Optional(Id('thread_id', 'Only events of this thread'))
 }
 
 export const StreamQuery = Type.Object({
-  after_event_id: Type.Optional(EventCursor),
+  after_event_id: Type.Optional(AfterEventId),
   ...eventFilters,
-  access_token: Type.Optional(Type.String({ description: 'A bearer token, for clients that cannot send headers (a browser EventSource); only when API_TOKENS is set. Never logged.' }))
+  access_token: Type.Optional(Type.String({
+    description: 'A bearer token, for clients that cannot send headers (a browser EventSource); only when API_TOKENS is set. Never logged.',
+    [ACCEPTS]: 'access_token must be one bearer token'
+  }))
 })
 
 export const DEFAULT_EVENTS_LIMIT = 100
 
 export const EventsQuery = Type.Object({
-  after_event_id: Type.Optional(EventCursor),
+  after_event_id: Type.Optional(AfterEventId),
   ...eventFilters,
-  limit: Type.Optional(Limit(`Page size, ${DEFAULT_EVENTS_LIMIT} by default`))
+  limit: Type.Optional({ ...PageLimit, description: `Page size, ${DEFAULT_EVENTS_LIMIT} by default: 1 to ${MAX_PAGE_LIMIT}` })
+})
+
+// ---- Durable Streams (docs/reference.md, "Durable Streams"; routes/api/streams.ts) ------------
+
+/** Where a Durable Streams read starts (parsed by plugins/app/events/durable.ts). */
+export const StreamOffsetParam = Type.String({
+  description: 'Where to read from: `-1` (the default) the oldest event kept, `now` the tail, or a `Stream-Next-Offset` this service sent (any replica\'s)',
+  [ACCEPTS]: 'offset must be -1 (the oldest event kept), now (the tail), or a Stream-Next-Offset this service sent, and a live read must give one'
+})
+
+/** The interval cursor a Durable Streams client echoes (parsed by plugins/app/events/durable.ts). */
+export const StreamCursorParam = Type.String({
+  description: 'The last `Stream-Cursor` received (echoed so that caches collapse requests)',
+  [ACCEPTS]: 'cursor must be a Stream-Cursor this service sent'
+})
+
+export const DurableStreamQuery = Type.Object({
+  offset: Type.Optional(StreamOffsetParam),
+  live: Type.Optional(Type.Union([Type.Literal('long-poll'), Type.Literal('sse')], {
+    description: 'Absent: catch-up (a page, at once). `long-poll`: wait for events (at most STREAMS_LONG_POLL_MS). `sse`: a Server-Sent Events stream',
+    [ACCEPTS]: 'live must be long-poll or sse'
+  })),
+  cursor: Type.Optional(StreamCursorParam)
 })
 
 /** An error response: always the envelope; `description` says when it happens. */
@@ -141,16 +201,20 @@ export const commonErrors = {
 /** The errors of a route that takes an event cursor. */
 export const eventCursorErrors = {
   ...commonErrors,
+  400: errorResponse('`bad_request`: a malformed parameter or URL, or a cursor beyond the last event_id ever handed out'),
   410: errorResponse('`cursor_expired`: the cursor is older than the event history kept (EVENTS_RETENTION); refetch what you show, then resume from the X-Event-Cursor of that read')
 }
 
 export const notFoundErrors = { ...commonErrors, 404: errorResponse('`not_found`: no such run or thread') }
 
-// ---- HTTP caching (CONTRACT section 7; plugins/app/http-cache.ts) -----------
+// ---- HTTP caching (docs/reference.md, "HTTP caching"; plugins/app/http-cache.ts) -----------
 
 /** The request header of a conditional read. */
 export const ConditionalHeaders = Type.Object({
-  'if-none-match': Type.Optional(Type.String({ description: 'ETags of bodies the client holds, or `*`: 304 with no body while the body would be the same (weak tags compared weakly; a malformed field is ignored)' }))
+  'if-none-match': Type.Optional(Type.String({
+    description: 'ETags of bodies the client holds, or `*`: 304 with no body while the body would be the same (weak tags compared weakly; a malformed field is ignored)',
+    [ACCEPTS]: 'If-None-Match must be a list of ETags, or *'
+  }))
 })
 
 /** What the Cache-Control of each kind of read says, for the docs. */

@@ -73,6 +73,10 @@ t.test('toApiError maps what is thrown', async (t) => {
     t.equal(error.code, code)
   }
   t.equal(toApiError(Object.assign(new Error('secret'), { statusCode: 400 })).message, 'bad request', 'no message of unknown origin is echoed')
+  const refused = Object.assign(new Error('querystring/x must be string'), { statusCode: 400, code: 'FST_ERR_VALIDATION', validation: [{ instancePath: '/x' }], validationContext: 'querystring' })
+  t.same(toApiError(refused).toBody(), { error: { code: 'bad_request', message: 'a parameter of the request is not valid' } }, 'a parameter without its sentence: a bare one, never the validator\'s')
+  t.same(toApiError(refused, { querystring: { properties: { x: { 'x-accepts': 'x must be y' } } } }).message, 'x must be y', 'else the sentence of its schema')
+  t.equal(toApiError(Object.assign(new Error('bad'), { statusCode: 400, validation: [] })).message, 'a parameter of the request is not valid')
   t.notOk(isDatabaseUnavailable(undefined))
   t.notOk(isDatabaseUnavailable({ code: 42 }))
 })

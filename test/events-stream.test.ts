@@ -137,7 +137,7 @@ t.test('malformed cursors answer 400 with the envelope', async (t) => {
     const stream = await openStream(url, '/api/events/stream', { 'last-event-id': value })
     t.equal(stream.status, 400, `Last-Event-ID: ${value}`)
     await stream.ended
-    t.same(JSON.parse(stream.body), { error: { code: 'bad_request', message: 'Last-Event-ID must be a non-negative integer event_id' } })
+    t.same(JSON.parse(stream.body), { error: { code: 'bad_request', message: 'Last-Event-ID must be an event_id: an integer from 0 to 9007199254740991' } })
   }
   const filter = await app.inject('/api/events/stream?run_id=%00')
   t.equal(filter.statusCode, 400)

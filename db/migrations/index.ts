@@ -9,6 +9,7 @@ import * as runsStatusIndex from './0007_runs_status_index.js'
 import * as eventsCensusBySequenceLock from './0008_events_census_by_sequence_lock.js'
 import * as eventsSettledByTheKeeper from './0009_events_settled_by_the_keeper.js'
 import * as eventsSettledExactly from './0010_events_settled_exactly.js'
+import * as eventsDrawnForReaders from './0011_events_drawn_for_readers.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -29,5 +30,6 @@ export const migrations: Record<string, Migration> = {
   '0007_runs_status_index': runsStatusIndex,
   '0008_events_census_by_sequence_lock': eventsCensusBySequenceLock,
   '0009_events_settled_by_the_keeper': eventsSettledByTheKeeper,
-  '0010_events_settled_exactly': eventsSettledExactly
+  '0010_events_settled_exactly': eventsSettledExactly,
+  '0011_events_drawn_for_readers': eventsDrawnForReaders
 }

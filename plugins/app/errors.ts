@@ -1,13 +1,13 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
-import { notFound, toApiError, type ApiError } from '../../errors.js'
+import { notFound, toApiError, type ApiError, type RequestSchemas } from '../../errors.js'
 import { NO_STORE } from './http-cache.js'
 
 declare module 'fastify' {
   interface FastifyContextConfig {
     /**
      * Whether a request is for an event stream: then a transient refusal is
-     * answered so that an EventSource retries (CONTRACT section 5). A
+     * answered so that an EventSource retries (docs/reference.md, "The event stream"). A
      * function, since a Durable Streams read is a stream only with live=sse.
      */
     eventStream?: (request: FastifyRequest) => boolean
@@ -37,7 +37,7 @@ function answerAsStreamRetry (reply: FastifyReply, apiError: ApiError, retryMs: 
 export default fp(async function errorsPlugin (app) {
   const { SSE_RETRY_MS } = app.config
   app.setErrorHandler(async (err, request, reply) => {
-    const apiError = toApiError(err)
+    const apiError = toApiError(err, request.routeOptions.schema as RequestSchemas | undefined)
     // The request's own log line (request-log.ts) has its status; this adds the cause.
     if (apiError.code === 'internal') request.log.error({ err }, 'request failed')
     else if (apiError.code === 'unavailable') request.log.warn({ err }, 'request failed: unavailable')

@@ -2,13 +2,13 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
 import { listEvents, type EventFilter } from '../../db/events.js'
 import { assertCursorKept } from '../../plugins/app/events/hub.js'
-import { CACHE_CONTROL_DOCS, ConditionalHeaders, DEFAULT_EVENTS_LIMIT, eventCursorErrors, EventsQuery, notModified, parseCursor, parseLimit, readResponse, StreamQuery } from '../../schemas/api.js'
+import { AfterEventId, CACHE_CONTROL_DOCS, ConditionalHeaders, DEFAULT_EVENTS_LIMIT, eventCursorErrors, EventsQuery, notModified, parseEventCursor, parseLimit, readResponse, StreamHeaders, StreamQuery } from '../../schemas/api.js'
 
-/** Empty filters mean "no filter": `?run_id=` is what a UI sends before it knows the run. */
+/** The filters given (an empty one is refused by the schema). */
 function toFilter (query: { run_id?: string, thread_id?: string }): EventFilter {
   return {
-    ...(query.run_id ? { runId: query.run_id } : {}),
-    ...(query.thread_id ? { threadId: query.thread_id } : {})
+    ...(query.run_id !== undefined ? { runId: query.run_id } : {}),
+    ...(query.thread_id !== undefined ? { threadId: query.thread_id } : {})
   }
 }
 
@@ -27,9 +27,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
       summary: 'The live event stream (Server-Sent Events)',
       description: 'Each event is `id: <event_id>` and `data: <Event as one line of JSON>`. Resumes after the Last-Event-ID header if sent, else after `after_event_id`, else from the current end. Sends `retry:` once, `: keep-alive` comments when quiet, and id-only blocks that move a filtered client\'s cursor. Every committed event matching the filters is delivered exactly once, in ascending event_id. A cursor older than the history kept (EVENTS_RETENTION) answers 410 `cursor_expired` before the stream starts: refetch what you show, then subscribe from the X-Event-Cursor of that read. Never a 503: a stream refused for a transient reason (the database unavailable, this instance at SSE_MAX_STREAMS, shutting down, overloaded) is a 200 with `retry:` and a comment saying why, then the end, so that an EventSource retries by itself.',
       querystring: StreamQuery,
-      headers: Type.Object({
-        'last-event-id': Type.Optional(Type.String({ description: 'The last event_id received; wins over after_event_id' }))
-      }),
+      headers: StreamHeaders,
       response: {
         200: {
           description: 'A text/event-stream of Event envelopes (or, refused for a transient reason, a retry and the end)',
@@ -44,8 +42,8 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const header = request.headers['last-event-id']?.trim()
     const cursorName = header ? 'Last-Event-ID' : 'after_event_id'
     const resumeAfter = header
-      ? parseCursor(header, cursorName)
-      : request.query.after_event_id === undefined ? undefined : parseCursor(request.query.after_event_id, cursorName)
+      ? parseEventCursor(header, StreamHeaders.properties['last-event-id'])
+      : request.query.after_event_id === undefined ? undefined : parseEventCursor(request.query.after_event_id, AfterEventId)
     await hub.open(reply, toFilter(request.query), resumeAfter === undefined ? 'tail' : { afterId: resumeAfter, name: cursorName })
   })
 
@@ -62,7 +60,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
   }, async (request, reply) => {
     const { after_event_id: after } = request.query
     const limit = parseLimit(request.query.limit) ?? DEFAULT_EVENTS_LIMIT
-    const afterId = after === undefined ? undefined : parseCursor(after, 'after_event_id')
+    const afterId = after === undefined ? undefined : parseEventCursor(after, AfterEventId)
     const page = await listEvents(app.db, afterId, toFilter(request.query), limit, await hub.ready())
     if (afterId !== undefined) assertCursorKept('after_event_id', afterId, page.state)
     // A full page after an explicit cursor is final; one from the floor moves with it (EVENTS_RETENTION).

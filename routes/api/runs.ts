@@ -1,15 +1,15 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify'
 import { getRunDetail, listBlockedTasks, listRunTasks, listRuns, type PageKey, type PagedBody } from '../../db/queries.js'
-import { badRequest, notFound } from '../../errors.js'
-import { CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageQuery, parseLimit, parseStatuses, readResponse, RunParams, RunsQuery } from '../../schemas/api.js'
+import { invalidParameter, notFound } from '../../errors.js'
+import { CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageCursor, PageQuery, parseLimit, parseStatuses, readResponse, RunParams, RunsQuery } from '../../schemas/api.js'
 
-// ---- keyset paging (CONTRACT section 3) -----------------------------------
+// ---- keyset paging (docs/reference.md, "Ordering and pages") -----------------------------------
 
 /*
  * A page key is where the next page of a list starts: the sort key of the
  * previous page's last item. On the wire it is the opaque `cursor` query
- * parameter (CONTRACT section 3), which is not an event cursor; here it is
+ * parameter (docs/reference.md, "Ordering and pages"), which is not an event cursor; here it is
  * called a page key.
  */
 
@@ -25,13 +25,13 @@ function decodePageKey (text: string): PageKey {
   try {
     decoded = JSON.parse(Buffer.from(text, 'base64url').toString('utf8'))
   } catch {
-    throw badRequest('cursor is not valid: pass the one from a Link: rel="next" URL')
+    throw invalidParameter(PageCursor)
   }
-  if (!Array.isArray(decoded) || decoded.length !== 2) throw badRequest('cursor is not valid: pass the one from a Link: rel="next" URL')
+  if (!Array.isArray(decoded) || decoded.length !== 2) throw invalidParameter(PageCursor)
   const [createdAt, id] = decoded as unknown[]
   if (typeof createdAt !== 'string' || !PAGE_KEY_TIMESTAMP.test(createdAt) || Number.isNaN(Date.parse(createdAt)) ||
       typeof id !== 'string' || id.includes('\u0000')) {
-    throw badRequest('cursor is not valid: pass the one from a Link: rel="next" URL')
+    throw invalidParameter(PageCursor)
   }
   return { createdAt, id }
 }
@@ -46,7 +46,7 @@ function sendPage (request: FastifyRequest, reply: FastifyReply, page: PagedBody
   return reply.sendRead(page)
 }
 
-// ---- blocked tasks left out (CONTRACT section 2) --------------------------
+// ---- blocked tasks left out (docs/reference.md, "Conventions") --------------------------
 
 const MAX_REPORTED = 10_000
 

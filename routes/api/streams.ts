@@ -2,15 +2,15 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyReply } from 'fastify'
 import { Type, type Static } from 'typebox'
 import { streamSubjectExists, type EventFilter, type StoredEvent } from '../../db/events.js'
-import { ApiError, badRequest, notFound } from '../../errors.js'
+import { ApiError, CursorBeyondError, invalidParameter, notFound, offsetBeyond } from '../../errors.js'
 import { durableSseFormat, encodeOffset, parseCursor, parseOffset, streamCursor } from '../../plugins/app/events/durable.js'
 import type { StreamPage } from '../../plugins/app/events/hub.js'
 import { NO_STORE } from '../../plugins/app/http-cache.js'
-import { commonErrors, ConditionalHeaders, errorResponse, RunParams, ThreadParams } from '../../schemas/api.js'
+import { commonErrors, ConditionalHeaders, DurableStreamQuery, errorResponse, RunParams, StreamOffsetParam, ThreadParams } from '../../schemas/api.js'
 
 /*
  * The event log under the Durable Streams protocol, read path only
- * (CONTRACT section 9): /api/streams/events, /runs/{run_id} and
+ * (docs/reference.md, "Durable Streams"): /api/streams/events, /runs/{run_id} and
  * /threads/{thread_id}; catch-up, long-poll and SSE. Everything is served
  * by the events plugin's one poller, fan-out and settled head; this file
  * parses, validates and writes the protocol's headers.
@@ -25,12 +25,6 @@ const KNOWN_SUBJECT_MS = 60_000
 /** The most subjects remembered (then the memory starts over). */
 const MAX_KNOWN_SUBJECTS = 100_000
 
-const DurableStreamQuery = Type.Object({
-  offset: Type.Optional(Type.String({ description: 'Where to read from: `-1` (the default) the oldest event kept, `now` the tail, or a `Stream-Next-Offset` this service sent (any replica\'s)' })),
-  live: Type.Optional(Type.Union([Type.Literal('long-poll'), Type.Literal('sse')], { description: 'Absent: catch-up (a page, at once). `long-poll`: wait for events (at most STREAMS_LONG_POLL_MS). `sse`: a Server-Sent Events stream' })),
-  cursor: Type.Optional(Type.String({ description: 'The last `Stream-Cursor` received (echoed so that caches collapse requests)' }))
-})
-
 const streamHeaders = {
   'stream-next-offset': Type.String({ description: 'Where the next read starts: a settled position, as an opaque offset' }),
   'stream-up-to-date': Type.String({ enum: ['true'], description: 'Present (`true`) when the answer reaches the head of the log' }),
@@ -41,6 +35,7 @@ const streamHeaders = {
 
 const streamErrors = {
   ...commonErrors,
+  400: errorResponse('`bad_request`: a malformed parameter or URL, or an offset beyond the last one ever handed out'),
   404: errorResponse('`not_found`: no such run or thread'),
   410: errorResponse('`cursor_expired`: the offset is older than the event history kept (EVENTS_RETENTION); read again from offset=-1')
 }
@@ -82,11 +77,12 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     known.set(key, now)
   }
 
-  /** The protocol says `offset`, and to start again from -1: the 410 says so, not the event stream's advice. */
-  function renameExpired (err: unknown): never {
+  /** The protocol says `offset`, written as offsets are, and to start again from -1: the 410 and the 400 say so, not the event stream's advice. */
+  function renameCursorErrors (err: unknown): never {
     if (err instanceof ApiError && err.code === 'cursor_expired') {
       throw new ApiError('cursor_expired', 'offset is older than the event history kept (events before it are gone, EVENTS_RETENTION): read again from offset=-1')
     }
+    if (err instanceof CursorBeyondError) throw offsetBeyond(encodeOffset(err.cursor), encodeOffset(err.last))
     throw err
   }
 
@@ -115,7 +111,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
   async function read (query: Static<typeof DurableStreamQuery>, reply: FastifyReply, filter: EventFilter) {
     const { live } = query
     // The protocol: a live read names where it starts; only a catch-up may leave it out (then: -1).
-    if (live !== undefined && query.offset === undefined) throw badRequest(`live=${live} needs an offset: -1 (from the oldest event kept), now (the tail), or a Stream-Next-Offset this service sent`)
+    if (live !== undefined && query.offset === undefined) throw invalidParameter(StreamOffsetParam)
     const offset = parseOffset(query.offset)
     const cursor = parseCursor(query.cursor)
     reply.header('cross-origin-resource-policy', 'cross-origin')
@@ -123,18 +119,18 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     if (live === 'sse') {
       const start = offset === 'now' ? 'tail' : offset === 'oldest' ? 'oldest' : { afterId: offset, name: 'offset' }
       const format = (head: () => number) => durableSseFormat(head, () => streamCursor(Date.now(), cursor))
-      return hub.open(reply, filter, start, { format, maxMs: STREAMS_SSE_MAX_MS }).catch(renameExpired)
+      return hub.open(reply, filter, start, { format, maxMs: STREAMS_SSE_MAX_MS }).catch(renameCursorErrors)
     }
     if (live === 'long-poll') {
       // Stopped only when the client leaves before its answer (a 'close' after the answer is every request's).
       const whenGone = (stop: () => void) => reply.raw.once('close', () => { if (!reply.raw.writableEnded) stop() })
-      const page = await hub.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone).catch(renameExpired)
+      const page = await hub.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone).catch(renameCursorErrors)
       reply.header('stream-cursor', streamCursor(Date.now(), cursor))
       if (page.events.length > 0) return sendPage(reply, page)
       return reply.code(204).header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')
         .header('cache-control', NO_STORE).send()
     }
-    const page = await hub.page(offset, filter, 'offset', true).catch(renameExpired)
+    const page = await hub.page(offset, filter, 'offset', true).catch(renameCursorErrors)
     if (offset !== 'now') return sendPage(reply, page)
     // The tail moves: never cached, no ETag (the protocol's rule for offset=now).
     return reply.header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')
@@ -154,7 +150,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
         operationId: `readDurableStream${stream.name}`,
         tags: ['streams'],
         summary: `Durable Streams: ${stream.what}`,
-        description: 'The event log under the Durable Streams protocol (read path; CONTRACT section 9): any Durable Streams client reads it. Each message is an Event envelope, in ascending event_id, exactly once. Offsets are opaque, ordered, and valid on every replica.',
+        description: 'The event log under the Durable Streams protocol (read path; docs/reference.md, "Durable Streams"): any Durable Streams client reads it. Each message is an Event envelope, in ascending event_id, exactly once. Offsets are opaque, ordered, and valid on every replica.',
         ...params,
         querystring: DurableStreamQuery,
         headers: ConditionalHeaders,

@@ -1,10 +1,11 @@
-import { badRequest } from '../../../errors.js'
+import { invalidParameter } from '../../../errors.js'
+import { StreamCursorParam, StreamOffsetParam } from '../../../schemas/api.js'
 import type { StreamFormat } from './subscriber.js'
 
 /*
- * The Durable Streams read path's wire (CONTRACT section 9): offsets, cursors, the SSE format.
+ * The Durable Streams read path's wire (docs/reference.md, "Durable Streams"): offsets, cursors, the SSE format.
  *
- * An offset is a settled position (an event id, CONTRACT section 5) written
+ * An offset is a settled position (an event id, docs/reference.md, "The event stream") written
  * as 11 base-36 digits, zero-padded: short, URL-safe, and ordered
  * lexicographically as the log is (2^53 needs 11 digits). It depends on
  * nothing but the id, so any replica resumes an offset another handed out.
@@ -23,7 +24,7 @@ export function parseOffset (text: string | undefined): StreamOffset {
   if (text === undefined || text === '-1') return 'oldest'
   if (text === 'now') return 'now'
   const position = OFFSET_PATTERN.test(text) ? parseInt(text, 36) : NaN
-  if (!Number.isSafeInteger(position)) throw badRequest('offset is not valid: pass -1, now, or a Stream-Next-Offset this service sent')
+  if (!Number.isSafeInteger(position)) throw invalidParameter(StreamOffsetParam)
   return position
 }
 
@@ -38,7 +39,7 @@ const CURSOR_PATTERN = /^[0-9]{1,15}$/
 /** The `cursor` query parameter (the Stream-Cursor a client echoes). A malformed one is a 400. */
 export function parseCursor (text: string | undefined): number | undefined {
   if (text === undefined) return undefined
-  if (!CURSOR_PATTERN.test(text)) throw badRequest('cursor is not valid: echo the Stream-Cursor this service sent')
+  if (!CURSOR_PATTERN.test(text)) throw invalidParameter(StreamCursorParam)
   return Number(text)
 }
 

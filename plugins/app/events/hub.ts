@@ -2,7 +2,7 @@ import type { FastifyBaseLogger, FastifyReply } from 'fastify'
 import { setImmediate } from 'node:timers/promises'
 import { eventsAfterKept, freshEventsAfterKept, pollAfter, reissuedRange, settledNow, settledNowWithState, type EventFilter, type LogState, type StoredEvent } from '../../../db/events.js'
 import type { Db } from '../../../db/schema.js'
-import { ApiError, cursorExpired, cursorReissued, timelinePending } from '../../../errors.js'
+import { ApiError, cursorExpired, CursorBeyondError, cursorReissued, timelinePending } from '../../../errors.js'
 import { Subscriber, type Listener, type StreamFormat, type SubscriberOptions } from './subscriber.js'
 import { Waiter } from './waiter.js'
 import type { StreamOffset } from './durable.js'
@@ -84,13 +84,17 @@ const HEAD_WAIT_POLL_MS = 10
  * below the history's floor, or inside a range of ids that a failover
  * handed out again (410 cursor_expired: the client refetches); above what
  * is settled while the database is on a timeline its keeper has not
- * recorded yet (a transient refusal: the client retries).
+ * recorded yet (a transient refusal: the client retries; the promoted
+ * sequence may not have reached ids the old primary handed out); above
+ * every id the sequence has handed out (400: it would wait forever). A
+ * cursor merely ahead of the settled position waits.
  */
 export function assertCursorKept (name: string, cursor: number, state: LogState): void {
   if (cursor < state.floor) throw cursorExpired(name, cursor, state.floor)
   const reissued = reissuedRange(state, cursor)
   if (reissued !== undefined) throw cursorReissued(name, cursor, ...reissued)
   if (state.newTimeline && cursor > state.settled) throw timelinePending(name)
+  if (cursor > state.drawn) throw new CursorBeyondError(name, cursor, state.drawn)
 }
 
 /** A position as a client may be given it: inside a range reissued after a failover, the position that range starts at. */
@@ -239,8 +243,9 @@ export class EventHub {
    * table, the floor read in the same statement.
    */
   async #readKept (afterId: number, filter: EventFilter, upTo: number): Promise<{ state: LogState, events: StoredEvent[] }> {
-    // The window ends at the hub's head: a read up to a fresher position goes to the table.
-    const recent = upTo > this.#head! ? undefined : this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
+    // The window ends at the hub's head: a read up to a fresher position goes to the table. So does a
+    // cursor above the ids drawn when the hub last polled: handed out since, or never (assertCursorKept).
+    const recent = upTo > this.#head! || afterId > this.#state!.drawn ? undefined : this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
     if (recent !== undefined) return { state: { ...this.#state!, floor: 0 }, events: recent }
     return eventsAfterKept(this.db, afterId, filter, CATCH_UP_PAGE_SIZE, upTo)
   }
@@ -253,7 +258,7 @@ export class EventHub {
   }
 
   /**
-   * A catch-up page of a Durable Streams read (CONTRACT section 9): the
+   * A catch-up page of a Durable Streams read (docs/reference.md, "Durable Streams"): the
    * events after `offset`, up to the settled head, and the position the
    * client resumes from (never below its own offset: a replica behind the
    * one that handed it out serves nothing until it catches up).
