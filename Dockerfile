@@ -13,7 +13,6 @@ COPY routes ./routes
 COPY schemas ./schemas
 COPY ui ./ui
 COPY bin ./bin
-COPY cli ./cli
 COPY client ./client
 RUN npm run build && npm prune --omit=dev
 
@@ -24,7 +23,7 @@ COPY --from=build /app/package.json ./
 COPY --from=build /app/node_modules ./node_modules
 COPY --from=build /app/dist ./dist
 COPY --from=build /app/ui ./ui
-# The ocp-api command (bin/ocp-api.js runs dist/cli/ocp-api.js), on the PATH: `docker compose exec api ocp-api runs`.
+# The ocp-api command (bin/ocp-api.js runs dist/client/src/ocp-api.js), on the PATH: `docker compose exec api ocp-api runs`.
 # `npx ocp-api` works too: npx runs a bin of the package in the current directory by linking the
 # package into its cache (~/.npm/_npx) and chmod-ing each bin of package.json, which only their
 # owner may do. So the node user owns those two files (bin/ocp-api.js, dist/db/seed.js), and

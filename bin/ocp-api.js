@@ -1,20 +1,30 @@
 #!/usr/bin/env node
-// The `ocp-api` command (cli/ocp-api.ts). In a checkout (after npm ci), its
-// TypeScript source: through the TypeScript loader already running if any
-// (a test's), else through tsx. In the image and after npm run build, the
-// compiled dist/cli/ocp-api.js.
+// The `ocp-api` command of this repository (the client package's own bin,
+// client/src/cli.ts, is the same command). Its TypeScript source
+// (client/src/ocp-api.ts) when a TypeScript loader is running (a test's);
+// else the compiled JavaScript: dist/client/src/ (npm run build, the image)
+// or client/dist/ (npm run build -w client); else, in a checkout never
+// built, the source through tsx (a devDependency: never needed once built).
 import { existsSync } from 'node:fs'
 
-const source = new URL('../cli/ocp-api.ts', import.meta.url)
+const source = new URL('../client/src/ocp-api.ts', import.meta.url)
+const compiled = ['../dist/client/src/ocp-api.js', '../client/dist/ocp-api.js'].map((path) => new URL(path, import.meta.url)).find((url) => existsSync(url))
+/** The source through tsx; undefined when tsx is not installed (a production install). */
+async function throughTsx () {
+  const tsx = await import('tsx/esm/api').catch(() => undefined)
+  if (tsx === undefined) return undefined
+  tsx.register()
+  return import(`${source.href}?tsx`) // a new URL: the loader keeps the failed import of the first
+}
+
 let cli
-if (existsSync(source)) {
-  cli = await import(source.href).catch(async () => {
-    /* c8 ignore next 3: a plain node, with no TypeScript loader (the tests run the bin under theirs) */
-    const { register } = await import('tsx/esm/api')
-    register()
-    return import(`${source.href}?tsx`) // a new URL: the loader keeps the failed import of the first
-  })
-} else /* c8 ignore start: the compiled layout (the image, npm run build) */ {
-  cli = await import(new URL('../dist/cli/ocp-api.js', import.meta.url).href)
-} /* c8 ignore stop */
+/* c8 ignore start: run as a process, whose coverage is not collected */
+if (existsSync(source)) cli = await import(source.href).catch(() => undefined)
+if (cli === undefined && compiled !== undefined) cli = await import(compiled.href)
+if (cli === undefined && existsSync(source)) cli = await throughTsx()
+if (cli === undefined) {
+  process.stderr.write('ocp-api: not built: run npm run build (or npm run build -w client)\n')
+  process.exit(1)
+}
+/* c8 ignore stop */
 await cli.run()

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify'
+import { sql } from 'kysely'
 import t, { type Test } from 'tap'
-import { EXIT, main, parseDuration, type Io } from '../cli/ocp-api.js'
+import { EXIT, main, parseDuration, type Io } from '../client/src/ocp-api.js'
 import type { Config } from '../config.js'
 import { build } from './helpers/app.js'
 import { insertGraph, makeRun, makeTask, makeAttempt, makeThread, makeMessage, writer } from './helpers/fixtures.js'
@@ -53,6 +54,8 @@ t.test('--help on every command; usage errors are exit 2 with the usage, never a
   const help = await cli(['--help'])
   t.equal(help.code, EXIT.ok)
   t.match(help.stdout, /Usage: ocp-api COMMAND/)
+  t.match(help.stdout, /Exit codes:\n {2}0 .*\n {2}1 {2}the service could not be reached[^]*\n {2}2 [^]*\n {2}3 /, 'every exit code, 1 for a service out of reach included')
+  t.match((await cli(['wait', '--help'])).stdout, /--connect-timeout DURATION[^]*\(default 30s\)[^]*Exit codes:/, 'the default deadline, and the exit codes')
   for (const command of ['runs', 'run', 'watch', 'wait']) {
     const { code, stdout } = await cli([command, '--help'])
     t.equal(code, 0)
@@ -69,6 +72,7 @@ t.test('--help on every command; usage errors are exit 2 with the usage, never a
     [['watch', '--after=-1'], /--after must be an event id/],
     [['wait', 'run-cli'], /--until is required/],
     [['wait', 'run-cli', '--until', 'done', '--timeout', '3 weeks'], /--timeout must be a duration such as 90s, 10m, 1h or 500ms, not "3 weeks"/],
+    [['watch', '--connect-timeout', 'soon'], /--connect-timeout must be a duration such as 90s, 10m, 1h or 500ms, not "soon"/],
     [['runs', '--url', 'ftp://x'], /--url must be an http\(s\) URL/]
   ] as Array<[string[], RegExp]>) {
     const ran = await cli(args)
@@ -211,16 +215,91 @@ t.test('wait: on the stream until the status is in --until; exit 0 in --ok, 1 ou
   t.equal((await interrupted).code, EXIT.failed, 'interrupted')
 })
 
+t.test('wait --timeout 0 checks once: 0 or 1 from the status now, 3 when it is not in --until', async (t) => {
+  const { url } = await serve(t)
+  const env = { OCP_API_URL: url }
+  const done = await cli(['wait', 'run-done', '--until', 'done,failed', '--ok', 'done', '--timeout', '0'], env)
+  t.equal(done.code, EXIT.ok)
+  t.equal(JSON.parse(done.stdout).run.status, 'done')
+  const notOk = await cli(['wait', 'run-done', '--until', 'done,failed', '--ok', 'failed', '--timeout', '0'], env)
+  t.equal(notOk.code, EXIT.failed)
+  t.match(notOk.stderr, /run run-done ended done, not failed/)
+  const notYet = await cli(['wait', 'run-cli', '--until', 'done,failed', '--timeout', '0s'], env)
+  t.equal(notYet.code, EXIT.timeout)
+  t.equal(notYet.stderr, 'ocp-api: run run-cli is running, not done or failed (--timeout 0: checked once)\n')
+  t.equal(notYet.stdout, '')
+  const unknown = await cli(['wait', 'no-such-run', '--until', 'done', '--timeout', '0'], env)
+  t.equal(unknown.code, EXIT.usage)
+  t.match(unknown.stderr, /^ocp-api: run not found \(HTTP 404 not_found/)
+  const down = await cli(['wait', 'run-cli', '--until', 'done', '--timeout', '0', '--url', `http://127.0.0.1:${await freePort()}`])
+  t.equal(down.code, EXIT.failed, 'out of reach: 1, at once')
+})
+
+t.test('--connect-timeout: wait and watch give up on a service out of reach, exit 1 with the reason in one line', async (t) => {
+  const nowhere = `http://127.0.0.1:${await freePort()}`
+  const started = Date.now()
+  const waiting = await cli(['wait', 'run-cli', '--until', 'done', '--connect-timeout', '1s', '--url', nowhere])
+  t.equal(waiting.code, EXIT.failed, 'no --timeout: still an end')
+  t.ok(Date.now() - started < 5000, 'on time')
+  t.match(waiting.stderr, /ocp-api: cannot reach the service: ECONNREFUSED \(no answer network, \S+\); retrying in \d\.\d s\n/, 'each retry says why')
+  t.match(waiting.stderr, /\nocp-api: gave up after 1s \(--connect-timeout\) out of reach of the service: cannot reach the service: ECONNREFUSED \(no answer network, http:\/\/127\.0\.0\.1:\d+\/api\/runs\/run-cli\)\n$/)
+  for (const args of [['watch'], ['watch', '--run', 'run-cli'], ['watch', '--thread', 'thread-cli', '--after', '3']]) {
+    const watching = await cli([...args, '--connect-timeout', '300ms', '--url', nowhere])
+    t.equal(watching.code, EXIT.failed, args.join(' '))
+    t.match(watching.stderr, /\nocp-api: gave up after 300ms \(--connect-timeout\) out of reach of the service: cannot reach the service: ECONNREFUSED/)
+  }
+
+  // A service that answers, but refuses every stream (a 200 that says why, then ends): each retry line says why too.
+  const refusing = createServer((request, response) => {
+    response.writeHead(200, { 'content-type': 'text/event-stream' }).end('retry: 50\n: unavailable: the database is unavailable\n\n')
+  })
+  await new Promise<void>((resolve) => refusing.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => refusing.close())
+  const refused = await cli(['watch', '--after', '5', '--connect-timeout', '400ms', '--url', `http://127.0.0.1:${(refusing.address() as { port: number }).port}`])
+  t.equal(refused.code, EXIT.failed)
+  t.match(refused.stderr, /^ocp-api: the stream ended: unavailable: the database is unavailable; retrying in \d\.\d s\n/)
+  t.notMatch(refused.stderr, /connected/, 'a refusal is not a connection')
+  t.match(refused.stderr, /ocp-api: gave up after 400ms \(--connect-timeout\) out of reach of the service: the stream ended: unavailable: the database is unavailable\n$/)
+})
+
+t.test('watch: an unknown run or thread is exit 2; --after 0 starts from the oldest event kept; a cursor no longer kept says what to do', async (t) => {
+  const { url } = await serve(t)
+  const env = { OCP_API_URL: url }
+  const unknownRun = await cli(['watch', '--run', 'no-such-run'], env)
+  t.equal(unknownRun.code, EXIT.usage)
+  t.match(unknownRun.stderr, /^ocp-api: run not found \(HTTP 404 not_found, \S+\/api\/runs\/no-such-run\)\n$/)
+  const unknownThread = await cli(['watch', '--thread', 'no-such-thread'], env)
+  t.equal(unknownThread.code, EXIT.usage)
+  t.match(unknownThread.stderr, /^ocp-api: thread not found \(HTTP 404 not_found/)
+
+  const [gone, kept] = await insertEvents({ run_id: 'run-cli', summary: 'gone' }, { run_id: 'run-cli', summary: 'kept' })
+  const db = await writer()
+  await sql`update event_log_state set history_floor = ${gone!}`.execute(db)
+  t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
+  await sleep(200) // a poll: the service's window of recent events learns the floor
+  const controller = new AbortController()
+  const lines: string[] = []
+  const watching = main(['watch', '--after', '0', '--json'], { stdout: (text) => lines.push(text), stderr: () => {}, env, color: false, signal: controller.signal })
+  await waitUntil(() => lines.length >= 1, 'the oldest kept event')
+  controller.abort()
+  t.equal(await watching, EXIT.ok, 'no 410')
+  t.equal(JSON.parse(lines[0]!).event_id, kept)
+
+  const expired = await cli(['watch', '--after', String(gone! - 1)], env)
+  t.equal(expired.code, EXIT.failed)
+  t.equal(expired.stderr, `ocp-api: the events after ${gone! - 1} are no longer kept (the service's EVENTS_RETENTION); --after 0 starts from the oldest kept\n`)
+})
+
 /**
- * Runs the bin as a user does: a plain node, none of this test process's
- * loaders. Its coverage is off (tap's process tracking would record it
- * anyway): the bin compiles the sources with tsx, and mixing that
+ * Runs the bin as in a checkout: none of this test process's loaders but
+ * tsx, so that it runs the sources (not a client/dist/ that may be older;
+ * test/client-package.test.ts runs the compiled bin). Its coverage is off
+ * (tap's process tracking would record it anyway): mixing that
  * compilation's coverage with the tests' own garbles the report for every
- * file both load (errors.ts, schemas/api.ts, client/src); main is covered
- * in process above.
+ * file both load (client/src); main is covered in process above.
  */
 async function runBin (args: string[], env: Record<string, string>): Promise<{ code: number | null, stdout: string, stderr: string }> {
-  const child = spawn(process.execPath, [`${root}/bin/ocp-api.js`, ...args], { cwd: root, env: { PATH: process.env.PATH ?? '', _TAPJS_PROCESSINFO_COVERAGE_: '0', ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+  const child = spawn(process.execPath, ['--import', 'tsx', `${root}/bin/ocp-api.js`, ...args], { cwd: root, env: { PATH: process.env.PATH ?? '', _TAPJS_PROCESSINFO_COVERAGE_: '0', ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
   let stdout = ''
   let stderr = ''
   child.stdout.on('data', (chunk) => { stdout += chunk })
@@ -243,5 +322,5 @@ t.test('the bin: npx ocp-api --help, and a wait as CI runs it', async (t) => {
   t.equal(JSON.parse(done.stdout).run.status, 'done')
   const usage = await runBin(['wait', 'run-bin'], {})
   t.equal(usage.code, 2)
-  t.notMatch(usage.stderr, / at /, 'no stack trace')
+  t.notMatch(usage.stderr, /\n {4}at /, 'no stack trace')
 })

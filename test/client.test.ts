@@ -5,7 +5,8 @@ import { sql } from 'kysely'
 import t, { type Test } from 'tap'
 import type { Static } from 'typebox'
 import { generateTypes } from '../client/scripts/generate-types.js'
-import { ApiError, createClient, CursorExpired, type Event, type RunDetail, type RunList, type StreamStatus } from '../client/src/index.js'
+import { ApiError, createClient, CursorExpired, MAX_PAGE_LIMIT, type Event, type EventType, type Followed, type RunDetail, type RunDetailEnvelope, type RunList, type StreamStatus } from '../client/src/index.js'
+import { delay } from '../client/src/client.js'
 import { readSse } from '../client/src/sse.js'
 import type * as Schemas from '../schemas/resources.js'
 import type { Config } from '../config.js'
@@ -22,10 +23,13 @@ type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false
 type Context = { Run: typeof Schemas.Run, Task: typeof Schemas.Task, TaskAttempt: typeof Schemas.TaskAttempt, Message: typeof Schemas.Message, Artifact: typeof Schemas.Artifact, BlockedTask: typeof Schemas.BlockedTask }
 const sameRunDetail: Same<RunDetail, Static<typeof Schemas.RunDetail, Context>> = true
 const sameEvent: Same<Event, Static<typeof Schemas.Event>> = true
+// EventType names the types the service writes, for completion, and takes any other.
+const eventTypes: EventType[] = ['run_created', 'run_status', 'an_orchestrators_own']
 
 t.test('client/src/types.ts is what the schemas generate (npm run generate -w client)', async (t) => {
   t.equal(readFileSync(new URL('../client/src/types.ts', import.meta.url), 'utf8'), generateTypes())
-  t.ok(sameRunDetail && sameEvent)
+  t.ok(sameRunDetail && sameEvent && eventTypes.length === 3)
+  t.equal(MAX_PAGE_LIMIT, 1000, 'the page limit, from schemas/api.ts')
 })
 
 t.before(() => insertGraph({
@@ -77,9 +81,11 @@ t.test('reads: each resolves to the 200 body; runs pages by the Link header; sta
   t.same((await client.tasks('run-c1', { limit: 1 })).tasks.map((task) => task.task_id), ['task-a'])
   t.same((await client.blocked('run-c1')).blocked.map((item) => item.task.task_id), ['task-b'])
   t.equal((await client.thread('thread-c')).thread.thread.thread_id, 'thread-c')
-  const [id] = await insertEvents({ run_id: 'run-c1', event_type: 'client_read' })
+  const [id, threadEvent] = await insertEvents({ run_id: 'run-c1', event_type: 'client_read' }, { run_id: 'run-c1', thread_id: 'thread-c' })
   const events = await client.events({ after_event_id: id! - 1, run_id: 'run-c1' })
-  t.same(events.events.map((event) => event.event_id), [id])
+  t.same(events.events.map((event) => event.event_id), [id, threadEvent])
+  const byThread = await client.events({ after_event_id: id!, run_id: '', thread_id: 'thread-c' })
+  t.same(byThread.events.map((event) => event.event_id), [threadEvent], 'an empty filter is no filter (the service refuses ?run_id=)')
 })
 
 t.test('errors: an ApiError with the envelope\'s code, the status and the URL, in one line', async (t) => {
@@ -93,7 +99,8 @@ t.test('errors: an ApiError with the envelope\'s code, the status and the URL, i
   const client = createClient({ url, token: 'secret-token' })
   t.equal((await client.run('run-c1')).run.run.run_id, 'run-c1', 'the token goes as a bearer header')
   const missing = await client.run('no-such-run').catch((error: unknown) => error)
-  t.match(missing, { status: 404, code: 'not_found', transient: false })
+  t.match(missing, { status: 404, code: 'not_found', transient: false, terminal: true })
+  t.same([400, 401, 403, 404, 409, 500, 503].map((status) => new ApiError(status, 'x', 'y', url).terminal), [true, true, true, true, false, false, false], 'terminal: what retrying cannot fix')
   t.match(client.streamUrl({ run_id: 'run-c1' }, 5), /\/api\/events\/stream\?run_id=run-c1&after_event_id=5&access_token=secret-token$/, 'the stream URL for an EventSource carries the token')
 
   const closedPort = await freePort()
@@ -103,6 +110,10 @@ t.test('errors: an ApiError with the envelope\'s code, the status and the URL, i
 
   const offline = await createClient({ url, fetch: async () => { throw new Error('offline') } }).runs().catch((error: unknown) => error)
   t.match((offline as Error).message, /^cannot reach the service: offline \(no answer network/, 'a failure with no cause')
+  const silent = await createClient({ url, fetch: async () => { throw new TypeError('') } }).runs().catch((error: unknown) => error)
+  t.match(silent, { detail: 'cannot reach the service: TypeError' }, 'a failure with no message: its name')
+  const blank = await createClient({ url, fetch: async () => new Response('{"error":{"code":"internal","message":""}}', { status: 500, statusText: 'Internal Server Error' }) }).runs().catch((error: unknown) => error)
+  t.match(blank, { code: 'internal', detail: '500 Internal Server Error', transient: false, terminal: false }, 'an envelope with no message: the status')
   const badPort = await createClient({ url: 'http://127.0.0.1:9' }).runs().catch((error: unknown) => error)
   t.match((badPort as Error).message, /^cannot reach the service: bad port/, 'a cause with no code')
   const bare = await createClient({ url, fetch: async () => new Response('{"runs":[]}', { status: 200 }) }).runsRead()
@@ -159,7 +170,7 @@ t.test('readSse: LF, CRLF and CR line ends, multi-line data, comments, ids and r
   })
   const blocks = []
   for await (const block of readSse(body)) blocks.push(block)
-  t.same(blocks, [{ retry: 300 }, { id: '1', data: '{"a":\n1}' }, { id: '2' }, { id: '3', data: '' }])
+  t.same(blocks, [{ retry: 300 }, { id: '1', data: '{"a":\n1}' }, { id: '2' }, { id: '3', data: '', comment: 'c' }], 'a comment alone is no block; with fields, the block keeps it')
 })
 
 async function take (events: AsyncGenerator<Event>, count: number): Promise<number[]> {
@@ -218,7 +229,7 @@ t.test('watch: a 410 cursor_expired throws CursorExpired; a refusal that retryin
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
   const expired = await take(createClient({ url, token: 'tok' }).watch({}, { after: old! }), 1).catch((error: unknown) => error)
   t.ok(expired instanceof CursorExpired)
-  t.match(expired, { status: 410, code: 'cursor_expired' })
+  t.match(expired, { status: 410, code: 'cursor_expired', cursor: old })
   const refused = await take(createClient({ url, token: 'wrong' }).watch({}, { after: newer! }), 1).catch((error: unknown) => error)
   t.match(refused, { status: 401, code: 'unauthorized' })
 })
@@ -235,12 +246,27 @@ t.test('watch: a 503, or a 200 stream that ends at once (a refusal sent as a str
   const ids = await take(createClient({ url, fetch: fetcher }).watch({ run_id: 'run-c1' }, { after: base!, onStatus: (status) => statuses.push(status) }), 1)
   t.same(ids, [id])
   t.equal(requests.filter((request) => request.url.includes('/stream')).length, 3, 'two refusals, then the stream')
-  t.match(statuses.filter((status) => status.state === 'retrying'), [{ error: { status: 503 } }, { delayMs: Number }])
+  t.match(statuses.filter((status) => status.state === 'retrying'), [{ error: { status: 503 }, reason: 'busy' }, { delayMs: Number, reason: 'the stream ended: this instance is at its stream limit' }], 'each retry says why')
+  t.notOk(statuses.slice(0, statuses.findIndex((status) => status.state === 'retrying' && status.error === undefined)).some((status) => status.state === 'live'), 'a refusal sent as a stream is not live')
 
   const controller = new AbortController()
   const never = createClient({ url: `http://127.0.0.1:${await freePort()}` }).watch({}, { after: 0, signal: controller.signal, maxDelayMs: 50 })
   setTimeout(() => controller.abort(), 300)
   t.same(await take(never, 1), [], 'an unreachable service: retried until aborted, then the iteration ends')
+})
+
+t.test('an unreachable service: followRun and liveRun retry the read, saying why, until stopped', async (t) => {
+  const nowhere = createClient({ url: `http://127.0.0.1:${await freePort()}` })
+  const statuses: StreamStatus[] = []
+  const onStatus = (status: StreamStatus) => statuses.push(status)
+  const items: unknown[] = []
+  for await (const item of nowhere.followRun('run-c1', { signal: AbortSignal.timeout(300), onStatus })) items.push(item)
+  t.same(items, [], 'nothing read, and the iteration ended')
+  const live = nowhere.liveRun('run-c1', () => t.fail('no snapshot'), { onStatus, onError: (error) => t.fail(error.message) })
+  await waitUntil(() => statuses.length >= 2, 'the live loop retrying too')
+  live.close()
+  t.match(statuses, Array(statuses.length).fill({ state: 'retrying', reason: /^cannot reach the service: ECONNREFUSED$/, error: { status: 0, transient: true } }))
+  await delay(60_000, AbortSignal.abort()) // an aborted signal: at once
 })
 
 async function commitTask (runId: string, taskId: string, status: string) {
@@ -298,8 +324,9 @@ t.test('liveRun: after the history moved past its cursor (410), it reads and sub
   t.same(snapshots.at(-1), (await client.run('run-c1')).run)
 })
 
-t.test('liveThread and liveRuns; an unknown id is reported to onError, and retried', async (t) => {
+t.test('liveThread and liveRuns; an unknown id or a refused token ends the loop, through onError', async (t) => {
   const { url } = await serve(t)
+  const { fetcher: counting, requests: laterRequests } = recordingFetch()
   const client = createClient({ url })
   const threads: unknown[] = []
   const lists: RunList[] = []
@@ -308,13 +335,16 @@ t.test('liveThread and liveRuns; an unknown id is reported to onError, and retri
   const lives = [
     client.liveThread('thread-c', (body) => threads.push(body)),
     client.liveRuns({ limit: 2, status: ['running', 'done', 'failed'] }, (body, read) => { lists.push(body); nexts.push(read.next) }),
-    client.liveRun('run-later', () => {}, { onError: (error) => errors.push(error), maxDelayMs: 100 })
+    createClient({ url, fetch: counting }).liveRun('run-later', () => {}, { onError: (error) => errors.push(error), maxDelayMs: 100 })
   ]
   t.teardown(() => { for (const live of lives) live.close() })
-  await waitUntil(() => threads.length === 1 && lists.length === 1 && errors.length >= 2, 'the first snapshots and errors')
+  await waitUntil(() => threads.length === 1 && lists.length === 1 && errors.length === 1, 'the first snapshots and the error')
   t.equal(lists[0]!.runs.length, 2)
   t.type(nexts[0], 'string')
   t.match(errors[0], { status: 404, code: 'not_found' })
+  await sleep(300)
+  t.equal(errors.length, 1, 'reported once')
+  t.equal(laterRequests.length, 1, 'and never read again')
   const db = await writer()
   await db.transaction().execute(async (trx) => {
     await trx.insertInto('messages').values(makeMessage({ thread_id: 'thread-c', message_id: 'msg-c2' })).execute()
@@ -326,10 +356,94 @@ t.test('liveThread and liveRuns; an unknown id is reported to onError, and retri
   const refused = createClient({ url, fetch: fetcher }).liveRun('run-c1', () => {}, { onError: (error) => streamErrors.push(error), maxDelayMs: 100 })
   t.teardown(() => refused.close())
   await waitUntil(() => streamErrors.length >= 1, 'the stream\'s refusal')
-  t.match(streamErrors[0], { status: 401, detail: 'no streams for you' }, 'a stream refused for good is reported, and retried slowly')
+  t.match(streamErrors[0], { status: 401, detail: 'no streams for you' }, 'a stream refused for good ends the loop')
+  const tokenErrors: ApiError[] = []
+  const refusedRead = createClient({ url, fetch: async (input, init) => String(input).includes('/api/runs') ? new Response('{"error":{"code":"forbidden","message":"not yours"}}', { status: 403 }) : fetch(input, init) })
+    .liveRuns({}, () => {}, { onError: (error) => tokenErrors.push(error) })
+  t.teardown(() => refusedRead.close())
+  await waitUntil(() => tokenErrors.length === 1, 'the 403')
+  t.match(tokenErrors[0], { status: 403, detail: 'not yours' })
   await insertGraph({ runs: [makeRun({ run_id: 'run-c4', status: 'running' })] })
   await insertEvents({ run_id: 'run-c4' })
   await waitUntil(() => lists.at(-1)!.runs[0]!.run.run_id === 'run-c4', 'the new run at the top of the list')
+})
+
+t.test('watch({ after: 0 }): from the oldest event kept, never a 410, though retention dropped older ones', async (t) => {
+  const { url } = await serve(t)
+  const db = await writer()
+  const [gone, kept] = await insertEvents({ run_id: 'run-old' }, { run_id: 'run-old' })
+  await sql`update event_log_state set history_floor = ${gone!}`.execute(db)
+  t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
+  await sleep(200) // a poll: the service's window of recent events learns the floor
+  const client = createClient({ url })
+  t.same(await take(client.watch({ run_id: 'run-old' }, { after: 0 }), 1), [kept], 'the oldest kept event of the run')
+  // None kept matches: from the position of that read.
+  const statuses: StreamStatus[] = []
+  const events = client.watch({ run_id: 'run-none-yet' }, { after: 0, onStatus: (status) => statuses.push(status) })
+  const next = events.next()
+  await waitUntil(() => statuses.some((status) => status.state === 'live'), 'the stream to open')
+  const [fresh] = await insertEvents({ run_id: 'run-none-yet' })
+  t.equal((await next).value?.event_id, fresh)
+  await events.return()
+})
+
+t.test('followRun: the read, then each event after it; a fresh read after a 410; a refusal retrying cannot fix throws', async (t) => {
+  const first = await serve(t)
+  const client = createClient({ url: first.url })
+  const items: Array<Followed<RunDetailEnvelope>> = []
+  const controller = new AbortController()
+  const following = (async () => { for await (const item of client.followRun('run-c2', { signal: controller.signal, maxDelayMs: 300 })) items.push(item) })()
+  await waitUntil(() => items.length === 1, 'the read')
+  t.match(items[0], { kind: 'read', body: { run: { run: { run_id: 'run-c2', status: 'done' } } }, read: { eventCursor: Number } })
+  const written = await insertEvents({ run_id: 'run-c2' }, { run_id: 'run-other' }, { run_id: 'run-c2' })
+  await waitUntil(() => items.length === 3, 'two events')
+  t.same(items.slice(1).map((item) => item.kind === 'event' && item.event.event_id), [written[0], written[2]], 'the run\'s events, in order')
+
+  await first.app.close()
+  await insertEvents({ run_id: 'run-c2' }) // while it is away, and then the history's floor passes its cursor
+  const db = await writer()
+  await sql`update event_log_state set history_floor = (select max(event_id) from events)`.execute(db)
+  t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
+  await serve(t, {}, first.port)
+  await waitUntil(() => items.length === 4, 'a fresh read', 10_000)
+  t.equal(items[3]!.kind, 'read', 'read again, not the events lost')
+  const [after] = await insertEvents({ run_id: 'run-c2' })
+  await waitUntil(() => items.length === 5, 'the event after it')
+  t.match(items[4], { kind: 'event', event: { event_id: after } })
+  controller.abort()
+  await following
+
+  const missing = await client.followRun('no-such-run').next().catch((error: unknown) => error)
+  t.match(missing, { status: 404, code: 'not_found', terminal: true })
+  const runs = await client.followRuns({ limit: 1 }).next()
+  t.match(runs.value, { kind: 'read', body: { runs: [{ run: { run_id: String } }] } })
+  const { url: guarded } = await serve(t, { API_TOKENS: 'tok' })
+  const refused = await createClient({ url: guarded, token: 'wrong' }).followThread('thread-c').next().catch((error: unknown) => error)
+  t.match(refused, { status: 401, code: 'unauthorized' })
+})
+
+t.test('follow and live: a failure neither transient nor terminal (a 500) is retried, slowly, and said', async (t) => {
+  const { url } = await serve(t)
+  let readFailures = 1
+  let streamFailures = 1
+  const failing = () => new Response('{"error":{"code":"internal","message":"a bad moment"}}', { status: 500 })
+  const { fetcher } = recordingFetch((requestUrl) => {
+    if (requestUrl.includes('/stream')) return streamFailures-- > 0 ? failing() : undefined
+    return requestUrl.includes('/api/runs/run-c3') && readFailures-- > 0 ? failing() : undefined
+  })
+  const statuses: StreamStatus[] = []
+  const controller = new AbortController()
+  const items: Array<Followed<RunDetailEnvelope>> = []
+  const following = (async () => {
+    for await (const item of createClient({ url, fetch: fetcher }).followRun('run-c3', { signal: controller.signal, maxDelayMs: 100, onStatus: (status) => statuses.push(status) })) items.push(item)
+  })()
+  await waitUntil(() => items.length === 1 && streamFailures < 0, 'the read, and the stream tried')
+  const [id] = await insertEvents({ run_id: 'run-c3' })
+  await waitUntil(() => items.length === 2, 'the event')
+  t.match(items[1], { kind: 'event', event: { event_id: id } })
+  t.match(statuses.filter((status) => status.state === 'retrying'), [{ reason: 'a bad moment', error: { status: 500 } }, { reason: 'a bad moment', error: { status: 500 } }], 'the read and the stream, each retried once')
+  controller.abort()
+  await following
 })
 
 t.test('a 200 whose body is the one kept (a proxy that drops ETags): the kept body is handed out again, not parsed anew', async (t) => {

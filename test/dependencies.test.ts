@@ -10,7 +10,7 @@ const root = new URL('../', import.meta.url)
 const pkg = JSON.parse(readFileSync(new URL('package.json', root), 'utf8')) as { dependencies: Record<string, string>, devDependencies: Record<string, string> }
 
 /** What the image and a production install run (tsconfig.build.json, plus bin/). */
-const SHIPPED = ['app.ts', 'server.ts', 'config.ts', 'errors.ts', 'tracing.ts', 'demo.ts', 'plugins', 'routes', 'db', 'schemas', 'cli', 'client/src', 'bin']
+const SHIPPED = ['app.ts', 'server.ts', 'config.ts', 'errors.ts', 'tracing.ts', 'demo.ts', 'plugins', 'routes', 'db', 'schemas', 'client/src', 'bin']
 
 /** Dependencies no `import` names, and why they are there. */
 const NOT_IMPORTED: Record<string, string> = {

@@ -1,12 +1,15 @@
 /*
  * Writes client/src/types.ts: the API's types as plain TypeScript, printed
  * from the server's TypeBox schemas (schemas/), the one source of the wire
- * shapes. The package then ships them with no dependency on the server or
- * on TypeBox. `npm run generate -w client`; a test fails when the file is stale.
+ * shapes, with the page limit (schemas/api.ts) and the event types
+ * (schemas/event-types.ts). The package then ships them with no dependency
+ * on the server or on TypeBox. `npm run generate -w client`; a test fails
+ * when the file is stale.
  */
 import { writeFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
-import { responseSchemas } from '../../schemas/api.js'
+import { MAX_PAGE_LIMIT, responseSchemas } from '../../schemas/api.js'
+import { eventTypeNames } from '../../schemas/event-types.js'
 import { resourceSchemas } from '../../schemas/resources.js'
 
 type Schema = Record<string, any>
@@ -35,18 +38,29 @@ function typeOf (schema: Schema, indent: string): string {
 }
 /* c8 ignore stop */
 
+/** Fields typed more narrowly than their schema's `string`: the names, for completion (`string & {}` still takes any other). */
+const NARROWED: Record<string, string> = {
+  'Event.event_type': 'EventType'
+}
+
 function objectBody (schema: Schema, indent: string): string {
   const required = new Set<string>(schema.required)
   const inner = `${indent}  `
-  const fields = Object.entries(schema.properties as Record<string, Schema>).map(([name, property]) =>
-    `${comment(property.description, inner)}${inner}${name}${required.has(name) ? '' : '?'}: ${typeOf(property, inner)}`)
+  const fields = Object.entries(schema.properties as Record<string, Schema>).map(([name, property]) => {
+    const type = NARROWED[`${schema.$id}.${name}`] ?? typeOf(property, inner)
+    return `${comment(property.description, inner)}${inner}${name}${required.has(name) ? '' : '?'}: ${type}`
+  })
   return `{\n${fields.join('\n')}\n${indent}}`
 }
 
 export function generateTypes (): string {
   const declarations = [...resourceSchemas, ...responseSchemas].map((schema: Schema) =>
     `${comment(schema.description, '')}export interface ${schema.$id} ${objectBody(schema, '')}`)
-  return `// Generated from the server's TypeBox schemas (schemas/) by client/scripts/generate-types.ts: do not edit.\n\n${declarations.join('\n\n')}\n`
+  const constants = [
+    `/** The largest \`limit\` a page may ask for. */\nexport const MAX_PAGE_LIMIT = ${MAX_PAGE_LIMIT}`,
+    `/** The event types of the reference writer and the demo (schemas/event-types.ts, docs/reference.md); an orchestrator may write others. */\nexport type EventType = ${eventTypeNames.map((type) => JSON.stringify(type)).join(' | ')} | (string & {})`
+  ]
+  return `// Generated from the server's TypeBox schemas (schemas/) by client/scripts/generate-types.ts: do not edit.\n\n${[...constants, ...declarations].join('\n\n')}\n`
 }
 
 /* c8 ignore next 3: run as a script (npm run generate -w client); the tests call generateTypes */

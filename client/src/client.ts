@@ -45,14 +45,15 @@ export interface Read<T> {
   unchanged: boolean
 }
 
-/** What a stream is doing, for a "live" indicator. */
+/** What a stream (or a live loop's read) is doing, for a "live" indicator. */
 export type StreamStatus =
   | { state: 'connecting' }
   | { state: 'live' }
-  | { state: 'retrying', delayMs: number, error?: ApiError }
+  /** `reason` is never empty: the refusal's message (also in `error`), or why the stream ended. */
+  | { state: 'retrying', delayMs: number, reason: string, error?: ApiError }
 
 export interface WatchOptions {
-  /** Resume after this event_id (0: from the first event kept). Default: from now. */
+  /** Resume after this event_id; 0: from the oldest event kept (never a 410 for it). Default: from now. */
   after?: number
   signal?: AbortSignal
   onStatus?: (status: StreamStatus) => void
@@ -151,7 +152,7 @@ export function createReader (options: ClientOptions) {
     tasksRead: (runId: string, q: PageQuery = {}, signal?: AbortSignal) => read<TaskList>(`/api/runs/${id(runId)}/tasks${query({ limit: q.limit, cursor: q.cursor })}`, signal),
     blockedRead: (runId: string, signal?: AbortSignal) => read<BlockedTaskList>(`/api/runs/${id(runId)}/blocked`, signal),
     threadRead: (threadId: string, signal?: AbortSignal) => read<ThreadDetailEnvelope>(`/api/threads/${id(threadId)}`, signal),
-    eventsRead: (q: EventsQuery = {}, signal?: AbortSignal) => read<EventList>(`/api/events${query({ after_event_id: q.after_event_id, run_id: q.run_id, thread_id: q.thread_id, limit: q.limit })}`, signal)
+    eventsRead: (q: EventsQuery = {}, signal?: AbortSignal) => read<EventList>(`/api/events${query({ after_event_id: q.after_event_id, run_id: q.run_id || undefined, thread_id: q.thread_id || undefined, limit: q.limit })}`, signal)
   }
   const body = <T>(read: Promise<Read<T>>) => read.then((result) => result.body)
 
@@ -160,11 +161,20 @@ export function createReader (options: ClientOptions) {
     return `${base}/api/events/stream${query({ run_id: filter.run_id || undefined, thread_id: filter.thread_id || undefined, after_event_id: after, access_token: options.token })}`
   }
 
+  /** Where to start to get every event kept that matches `filter`: just before the oldest such event, else the read's position. */
+  async function oldestKeptCursor (filter: EventFilter, signal: AbortSignal): Promise<number> {
+    const page = await reads.eventsRead({ ...filter, limit: 1 }, signal)
+    const [oldest] = page.body.events
+    /* c8 ignore next: ?? 0 only for a service that sends no X-Event-Cursor */
+    return oldest === undefined ? page.eventCursor ?? 0 : oldest.event_id - 1
+  }
+
   /**
    * The events matching `filter`, live, in ascending event_id, each once:
    * reconnects with backoff and resumes after the last id received. A
    * refusal that retrying may fix (no answer, 503, a 200 stream that ends at
-   * once) is retried; a 410 throws CursorExpired, any other refusal ApiError.
+   * once) is retried; a 410 throws CursorExpired (but for `after: 0`, which
+   * then starts from the oldest event kept), any other refusal ApiError.
    */
   async function * watch (filter: EventFilter = {}, watchOptions: WatchOptions = {}): AsyncGenerator<Event, void, undefined> {
     const { signal, onStatus } = watchOptions
@@ -172,9 +182,12 @@ export function createReader (options: ClientOptions) {
     let retryMs = DEFAULT_RETRY_MS
     let attempt = 0
     let last = watchOptions.after
-    const retry = async (error?: ApiError) => {
+    // Every event kept was asked for (after 0): until the stream moves the cursor, a 410 only says that the oldest kept is past 0.
+    let fromOldest = last === 0
+    let findOldest = false
+    const retry = async (reason: string, error?: ApiError) => {
       const delayMs = backoff(attempt++, retryMs, maxDelayMs)
-      onStatus?.({ state: 'retrying', delayMs, ...(error === undefined ? {} : { error }) })
+      onStatus?.({ state: 'retrying', delayMs, reason, ...(error === undefined ? {} : { error }) })
       await delay(delayMs, signal)
     }
     while (!signal?.aborted) {
@@ -186,29 +199,44 @@ export function createReader (options: ClientOptions) {
         // Without a cursor, "from now" is fixed first, by the position of the smallest read (any read carries one), so that a reconnect resumes from there.
         /* c8 ignore next: ?? 0 only for a service that sends no X-Event-Cursor */
         last ??= (await reads.runsRead({ limit: 1 }, controller.signal)).eventCursor ?? 0
+        if (findOldest) {
+          last = await oldestKeptCursor(filter, controller.signal)
+          findOldest = false
+        }
         const path = streamUrl(filter, last).slice(base.length).replace(/[?&]access_token=[^&]*/, '')
         const response = await send(path, { accept: 'text/event-stream' }, controller.signal)
         const openedAt = Date.now()
         let announced = false
         let received = false
+        let said = ''
         for await (const block of readSse(response.body!)) {
-          if (!announced) onStatus?.({ state: 'live' })
-          announced = true
+          // A stream refused for a transient reason opens with a block that says why (a comment), then ends: not live.
+          if (!announced && block.comment === undefined) {
+            onStatus?.({ state: 'live' })
+            announced = true
+          }
           if (block.retry !== undefined) retryMs = block.retry
+          if (block.comment !== undefined) said = block.comment
           if (block.id !== undefined && /^\d+$/.test(block.id)) {
             received = true
+            fromOldest = false
             last = Number(block.id)
           }
           if (block.data !== undefined) yield JSON.parse(block.data) as Event
         }
         // The stream ended: at once if it had been healthy, else (a refusal sent as a stream that ends) after a backoff.
         if (received || Date.now() - openedAt >= HEALTHY_STREAM_MS) attempt = 0
-        if (!signal?.aborted) await retry()
+        if (!signal?.aborted) await retry(said === '' ? 'the stream ended' : `the stream ended: ${said}`)
       } catch (error) {
         if (signal?.aborted) return
+        if (error instanceof CursorExpired && fromOldest) {
+          findOldest = true
+          continue
+        }
         if (error instanceof CursorExpired || (error instanceof ApiError && !error.transient)) throw error
         /* c8 ignore next: a connection reset mid-stream (the body's reader throws a TypeError), not reproducible on loopback */
-        await retry(error instanceof ApiError ? error : networkError(error, `${base}/api/events/stream`))
+        const failure = error instanceof ApiError ? error : networkError(error, `${base}/api/events/stream`)
+        await retry(failure.detail, failure)
       } finally {
         signal?.removeEventListener('abort', abort)
         controller.abort() // the consumer stopped iterating, or the stream ended: release the connection

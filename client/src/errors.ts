@@ -21,11 +21,21 @@ export class ApiError extends Error {
   get transient (): boolean {
     return this.status === 0 || this.status === 429 || this.status === 502 || this.status === 503 || this.status === 504
   }
+
+  /** Whether the request itself is refused, so that retrying it cannot succeed: a bad parameter (400), a missing or refused token (401, 403), an unknown id (404). Every live loop ends on one. */
+  get terminal (): boolean {
+    return this.status === 400 || this.status === 401 || this.status === 403 || this.status === 404
+  }
 }
 
 /** A 410 `cursor_expired`: the history kept has moved past the cursor. Refetch what you show and resume from that read's eventCursor. */
 export class CursorExpired extends ApiError {
   override name = 'CursorExpired'
+
+  /** The cursor refused: the request's `after_event_id`. */
+  get cursor (): number {
+    return Number(new URL(this.url).searchParams.get('after_event_id'))
+  }
 }
 
 /** The error for a non-2xx answer, from its envelope when it has one. */
@@ -35,7 +45,7 @@ export async function errorFromResponse (response: Response, url: string): Promi
   try {
     const envelope = JSON.parse(await response.text()) as { error?: { code?: unknown, message?: unknown } }
     if (typeof envelope.error?.code === 'string') code = envelope.error.code
-    if (typeof envelope.error?.message === 'string') detail = envelope.error.message
+    if (typeof envelope.error?.message === 'string' && envelope.error.message !== '') detail = envelope.error.message
   } catch {} // not JSON: a proxy's error page; the status says enough
   return code === 'cursor_expired' ? new CursorExpired(response.status, code, detail, url) : new ApiError(response.status, code, detail, url)
 }
@@ -43,6 +53,7 @@ export async function errorFromResponse (response: Response, url: string): Promi
 /** The error for a request that got no answer (refused, reset, DNS). */
 export function networkError (error: unknown, url: string): ApiError {
   const cause = (error as { cause?: { code?: string, message?: string } }).cause
-  const reason = cause?.code ?? cause?.message ?? (error as Error).message
+  // Never empty: some failures carry no message (an abort, a reset), but every error has a name.
+  const reason = cause?.code || cause?.message || (error as Error).message || (error as Error).name
   return new ApiError(0, 'network', `cannot reach the service: ${reason}`, url)
 }

@@ -3,12 +3,14 @@ export interface SseBlock {
   id?: string
   data?: string
   retry?: number
+  /** The block's last comment line, without the colon: the service says there why it ends a stream it refused. */
+  comment?: string
 }
 
 /**
  * The blocks of a text/event-stream body, as the HTML standard parses them
  * (lines end in LF, CRLF or CR; `:` starts a comment; data lines join with
- * LF). Blocks with no field (comments, keep-alives) are skipped.
+ * LF). Blocks with no field (comments alone, keep-alives) are skipped.
  */
 export async function * readSse (body: ReadableStream<Uint8Array>): AsyncGenerator<SseBlock> {
   const reader = body.getReader()
@@ -26,12 +28,15 @@ export async function * readSse (body: ReadableStream<Uint8Array>): AsyncGenerat
       for (const line of lines) {
         if (line === '') {
           if (data.length > 0) block.data = data.join('\n')
-          if (Object.keys(block).length > 0) yield block
+          if (Object.keys(block).some((field) => field !== 'comment')) yield block
           block = {}
           data = []
           continue
         }
-        if (line.startsWith(':')) continue
+        if (line.startsWith(':')) {
+          block.comment = line.slice(1).trim()
+          continue
+        }
         const colon = line.indexOf(':')
         const field = colon === -1 ? line : line.slice(0, colon)
         const value = colon === -1 ? '' : line.slice(line[colon + 1] === ' ' ? colon + 2 : colon + 1)

@@ -1,5 +1,11 @@
 // Generated from the server's TypeBox schemas (schemas/) by client/scripts/generate-types.ts: do not edit.
 
+/** The largest `limit` a page may ask for. */
+export const MAX_PAGE_LIMIT = 1000
+
+/** The event types of the reference writer and the demo (schemas/event-types.ts, docs/reference.md); an orchestrator may write others. */
+export type EventType = "run_created" | "run_status" | "task_added" | "task_ready" | "task_dispatched" | "task_running" | "task_blocked" | "task_answered" | "task_done" | "task_failed" | "thread_claim" | "thread_update" | "thread_reply" | "thread_result" | "council_tallied" | "council_report_persisted" | (string & {})
+
 export interface Run {
   run_id: string
   goal: string
@@ -126,8 +132,8 @@ export interface RunDetail {
 export interface Event {
   /** Monotonic: the only resume cursor */
   event_id: number
-  /** task_added, task_ready, task_dispatched, task_running, task_blocked, task_answered, task_done, task_failed, thread_claim, thread_update, thread_reply, thread_result, council_tallied, council_report_persisted, or another */
-  event_type: string
+  /** run_created, run_status, task_added, task_ready, task_dispatched, task_running, task_blocked, task_answered, task_done, task_failed, thread_claim, thread_update, thread_reply, thread_result, council_tallied, council_report_persisted, or another the orchestrator writes (see the event types of docs/reference.md) */
+  event_type: EventType
   /** "" when the event is not tied to a run */
   run_id: string
   /** "" when the event is not tied to a task */

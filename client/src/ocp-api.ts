@@ -1,13 +1,13 @@
+// A command for Node: its types, which the library's own compilations (client/, ui/) leave out, being for browsers too.
+/// <reference types="node" />
 /*
- * `ocp-api`: the API from a terminal or a CI job, built on ocp-api-client.
- * Tables for people, JSON for programs (--json); progress and errors go to
- * stderr, one line each, never a stack trace. Exit codes: 0 success, 1 a
- * failure (or `wait` ended in a status not in --ok), 2 a usage error, an
- * unknown id or a refused token, 3 a timeout.
+ * `ocp-api`: the API from a terminal or a CI job, on this package's client
+ * and Node's built-ins only (the package's bin, cli.ts, runs it). Tables for
+ * people, JSON for programs (--json); progress and errors go to stderr, one
+ * line each, never a stack trace. Exit codes: EXIT_CODES below.
  */
 import { parseArgs, type ParseArgsConfig } from 'node:util'
-import { ApiError, createClient, type Client, type Event, type RunDetail, type RunListItem, type StreamStatus } from '../client/src/index.js'
-import { MAX_PAGE_LIMIT } from '../schemas/api.js'
+import { ApiError, createClient, CursorExpired, MAX_PAGE_LIMIT, type Client, type Event, type RunDetail, type RunListItem, type StreamStatus } from './index.js'
 
 export const EXIT = { ok: 0, failed: 1, usage: 2, timeout: 3 } as const
 
@@ -22,11 +22,24 @@ export interface Io {
 }
 
 const DEFAULT_URL = 'http://127.0.0.1:8080'
+const DEFAULT_CONNECT_TIMEOUT = '30s'
 
 const COMMON = `Options of every command:
   --url URL      the service (default: $OCP_API_URL, else ${DEFAULT_URL})
   --token TOKEN  a bearer token (default: $OCP_API_TOKEN)
   --help         this command's help`
+
+const CONNECT_TIMEOUT = `  --connect-timeout DURATION  give up (exit 1) once the service has been out of
+                              reach this long, at the start or after a drop
+                              (default ${DEFAULT_CONNECT_TIMEOUT})`
+
+const EXIT_CODES = `Exit codes:
+  0  success (wait: the run reached a status in --ok, or --ok was not given)
+  1  the service could not be reached (run, runs: at once; wait, watch: for
+     --connect-timeout); wait: the run reached a status not in --ok, or was
+     interrupted; watch: the events it resumes from are no longer kept
+  2  usage error, unknown run or thread, refused token
+  3  wait: --timeout passed before the run reached a status in --until`
 
 const USAGE = {
   main: `Usage: ocp-api COMMAND [options]
@@ -37,8 +50,7 @@ Commands:
   watch           live events, one line each
   wait RUN_ID     wait (on the event stream) until a run reaches a status
 
-Exit codes: 0 success; 1 failure (wait: the run ended in a status not in --ok);
-2 usage error, unknown run or refused token; 3 timeout.
+${EXIT_CODES}
 
 ${COMMON}
 Run ocp-api COMMAND --help for a command's options.`,
@@ -61,27 +73,30 @@ A run: its status, task counts, tasks and blocked tasks.
   --json   the response body as JSON
 
 ${COMMON}`,
-  watch: `Usage: ocp-api watch [--run RUN_ID] [--thread THREAD_ID] [--after N] [--json]
+  watch: `Usage: ocp-api watch [--run RUN_ID] [--thread THREAD_ID] [--after N] [--json] [--connect-timeout DURATION]
 
 Live events, one line each, until interrupted. Resumes after the last event
-received when the connection drops.
+received when the connection drops. An unknown run or thread is exit 2.
 
   --run RUN_ID        only this run's events
   --thread THREAD_ID  only this thread's events
-  --after N           start after event N (0: every event kept); default: from now
+  --after N           start after event N (0: from the oldest event kept); default: from now
   --json              each event as one line of JSON (NDJSON)
+${CONNECT_TIMEOUT}
 
 ${COMMON}`,
-  wait: `Usage: ocp-api wait RUN_ID --until STATUS[,STATUS...] [--ok STATUS[,STATUS...]] [--timeout DURATION]
+  wait: `Usage: ocp-api wait RUN_ID --until STATUS[,STATUS...] [--ok STATUS[,STATUS...]] [--timeout DURATION] [--connect-timeout DURATION]
 
 Waits, on the event stream (never polling), until the run's status is one of
---until, then prints the run as JSON to stdout. Progress goes to stderr.
-Exit 0 when that status is in --ok (or --ok is not given), 1 when it is not,
-2 on a usage error, an unknown run or a refused token, 3 on timeout.
+--until, then prints the run (RunDetail) as JSON to stdout. Progress goes to
+stderr. Durations: 90s, 10m, 1h, 500ms (a bare number is seconds).
 
   --until S[,S...]    the statuses to wait for (the orchestrator's strings)
   --ok S[,S...]       the statuses that mean success
-  --timeout DURATION  give up after it: 90s, 10m, 1h, 500ms (a bare number is seconds)
+  --timeout DURATION  give up (exit 3) after it; 0: check once, now
+${CONNECT_TIMEOUT}
+
+${EXIT_CODES}
 
 ${COMMON}`
 }
@@ -101,8 +116,8 @@ const common = {
 const commandOptions = {
   runs: { ...common, status: { type: 'string' }, limit: { type: 'string' }, cursor: { type: 'string' }, json: { type: 'boolean' } },
   run: { ...common, json: { type: 'boolean' } },
-  watch: { ...common, run: { type: 'string' }, thread: { type: 'string' }, after: { type: 'string' }, json: { type: 'boolean' } },
-  wait: { ...common, until: { type: 'string' }, ok: { type: 'string' }, timeout: { type: 'string' } }
+  watch: { ...common, run: { type: 'string' }, thread: { type: 'string' }, after: { type: 'string' }, json: { type: 'boolean' }, 'connect-timeout': { type: 'string' } },
+  wait: { ...common, until: { type: 'string' }, ok: { type: 'string' }, timeout: { type: 'string' }, 'connect-timeout': { type: 'string' } }
 } as const satisfies Record<Exclude<Command, 'main'>, ParseArgsConfig['options']>
 
 /** A duration: 90s, 10m, 1h, 500ms; a bare number is seconds. */
@@ -112,6 +127,18 @@ export function parseDuration (text: string): number | undefined {
   const unit = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[match[2] as 'ms' | 's' | 'm' | 'h' ?? 's']
   return Number(match[1]) * unit
 }
+
+type Values = Record<string, string | boolean | undefined>
+
+/** The duration option `name`, as given (for messages) and in milliseconds; a usage error when malformed. */
+function durationOption (text: string, name: string, command: Command): { text: string, ms: number } {
+  const ms = parseDuration(text)
+  if (ms === undefined) throw new UsageError(`--${name} must be a duration such as 90s, 10m, 1h or 500ms, not "${text}"`, command)
+  return { text, ms }
+}
+
+const connectTimeoutOption = (values: Values, command: Command) =>
+  durationOption((values['connect-timeout'] as string | undefined) ?? DEFAULT_CONNECT_TIMEOUT, 'connect-timeout', command)
 
 const list = (text: string | undefined) => (text ?? '').split(',').map((item) => item.trim()).filter((item) => item !== '')
 
@@ -164,15 +191,40 @@ function streamProgress (io: Io) {
   let last = ''
   return (status: StreamStatus) => {
     const text = status.state === 'retrying'
-      /* c8 ignore next: a stream the service ended (a replica going away): the client's tests cover it */
-      ? `${status.error?.message ?? 'the stream ended'}; reconnecting in ${(status.delayMs / 1000).toFixed(1)} s`
+      ? `${status.error?.message ?? status.reason}; retrying in ${(status.delayMs / 1000).toFixed(1)} s`
       : status.state === 'live' ? 'connected' : ''
     if (text !== '' && text !== last) io.stderr(`ocp-api: ${text}\n`)
     last = text
   }
 }
 
-async function runsCommand (client: Client, values: Record<string, string | boolean | undefined>, io: Io): Promise<number> {
+/**
+ * --connect-timeout: `giveUp` once the service has been out of reach for
+ * `ms`, counted from the first failed attempt; `clear` when it answered (an
+ * open stream, a read) or the command ends. Its onStatus also says what the
+ * stream does (streamProgress).
+ */
+function connectDeadline ({ ms, text }: { text: string, ms: number }, io: Io, giveUp: (reason: string) => void) {
+  const progress = streamProgress(io)
+  let timer: ReturnType<typeof setTimeout> | undefined
+  let reason = ''
+  const clear = () => {
+    clearTimeout(timer)
+    timer = undefined
+  }
+  return {
+    clear,
+    onStatus: (status: StreamStatus) => {
+      progress(status)
+      if (status.state === 'live') clear()
+      if (status.state !== 'retrying') return
+      reason = status.error?.message ?? status.reason
+      timer ??= setTimeout(() => giveUp(`gave up after ${text} (--connect-timeout) out of reach of the service: ${reason}`), ms)
+    }
+  }
+}
+
+async function runsCommand (client: Client, values: Values, io: Io): Promise<number> {
   let limit: number | undefined
   if (values.limit !== undefined) {
     limit = Number(values.limit)
@@ -193,58 +245,97 @@ async function runCommand (client: Client, runId: string, json: boolean, io: Io)
   return EXIT.ok
 }
 
-async function watchCommand (client: Client, values: Record<string, string | boolean | undefined>, io: Io): Promise<number> {
+async function watchCommand (client: Client, values: Values, io: Io): Promise<number> {
   let after: number | undefined
   if (values.after !== undefined) {
     after = /^\d{1,16}$/.test(values.after as string) ? Number(values.after) : Number.NaN
     if (!Number.isSafeInteger(after)) throw new UsageError(`--after must be an event id (a non-negative integer), not "${values.after}"`, 'watch')
   }
-  const filter = { ...(values.run ? { run_id: values.run as string } : {}), ...(values.thread ? { thread_id: values.thread as string } : {}) }
-  const events = client.watch(filter, { after, signal: io.signal, onStatus: streamProgress(io) })
-  for await (const event of events) io.stdout(values.json ? JSON.stringify(event) + '\n' : eventLine(event, io))
-  return EXIT.ok
+  const connectTimeout = connectTimeoutOption(values, 'watch')
+  const runId = values.run as string | undefined
+  const threadId = values.thread as string | undefined
+  const stop = new AbortController()
+  const interrupted = () => stop.abort()
+  io.signal?.addEventListener('abort', interrupted, { once: true })
+  let gaveUp: string | undefined
+  const deadline = connectDeadline(connectTimeout, io, (reason) => {
+    gaveUp = reason
+    stop.abort()
+  })
+  const options = { signal: stop.signal, onStatus: deadline.onStatus }
+  try {
+    // The stream takes any id: a read first, so that an unknown one is a 404 (follow* retries the read as the stream would).
+    if (runId) for await (const _read of client.followRun(runId, options)) break
+    if (threadId) for await (const _read of client.followThread(threadId, options)) break
+    deadline.clear()
+    const filter = { ...(runId ? { run_id: runId } : {}), ...(threadId ? { thread_id: threadId } : {}) }
+    for await (const event of client.watch(filter, { after, ...options })) io.stdout(values.json ? JSON.stringify(event) + '\n' : eventLine(event, io))
+  } catch (error) {
+    if (!(error instanceof CursorExpired)) throw error
+    io.stderr(`ocp-api: the events after ${error.cursor} are no longer kept (the service's EVENTS_RETENTION); --after 0 starts from the oldest kept\n`)
+    return EXIT.failed
+  } finally {
+    deadline.clear()
+    io.signal?.removeEventListener('abort', interrupted)
+  }
+  if (gaveUp === undefined) return EXIT.ok
+  io.stderr(`ocp-api: ${gaveUp}\n`)
+  return EXIT.failed
 }
 
-async function waitCommand (client: Client, runId: string, values: Record<string, string | boolean | undefined>, io: Io): Promise<number> {
+async function waitCommand (client: Client, runId: string, values: Values, io: Io): Promise<number> {
   const until = list(values.until as string | undefined)
   if (until.length === 0) throw new UsageError('--until is required: the statuses to wait for, comma-separated', 'wait')
   const ok = values.ok === undefined ? undefined : list(values.ok as string)
-  let timeoutMs: number | undefined
-  if (values.timeout !== undefined) {
-    timeoutMs = parseDuration(values.timeout as string)
-    if (timeoutMs === undefined) throw new UsageError(`--timeout must be a duration such as 90s, 10m, 1h or 500ms, not "${values.timeout}"`, 'wait')
+  const timeout = values.timeout === undefined ? undefined : durationOption(values.timeout as string, 'timeout', 'wait')
+  const connectTimeout = connectTimeoutOption(values, 'wait')
+  /** The exit code once the run's status is one of --until (the run printed), else undefined. */
+  const outcome = (detail: RunDetail): number | undefined => {
+    const { status } = detail.run
+    if (!until.includes(status)) return undefined
+    io.stdout(JSON.stringify(detail) + '\n')
+    const success = ok === undefined || ok.includes(status)
+    if (!success) io.stderr(`ocp-api: run ${runId} ended ${status}, not ${ok!.join(' or ')}\n`)
+    return success ? EXIT.ok : EXIT.failed
   }
-  const progress = streamProgress(io)
+  if (timeout?.ms === 0) {
+    // No time to wait: one read decides (an error is the main catch's).
+    const { run: detail } = await client.run(runId)
+    const code = outcome(detail)
+    if (code !== undefined) return code
+    io.stderr(`ocp-api: run ${runId} is ${detail.run.status}, not ${until.join(' or ')} (--timeout 0: checked once)\n`)
+    return EXIT.timeout
+  }
   return await new Promise<number>((resolve) => {
     let lastStatus: string | undefined
     const finish = (code: number) => {
       clearTimeout(timer)
+      deadline.clear()
       io.signal?.removeEventListener('abort', interrupted)
       live.close()
       resolve(code)
     }
     const interrupted = () => finish(EXIT.failed)
-    const timer = timeoutMs === undefined
+    const deadline = connectDeadline(connectTimeout, io, (reason) => {
+      io.stderr(`ocp-api: ${reason}\n`)
+      finish(EXIT.failed)
+    })
+    const timer = timeout === undefined
       ? undefined
       : setTimeout(() => {
-        io.stderr(`ocp-api: timed out after ${values.timeout}: run ${runId} is ${lastStatus === undefined ? 'not read yet' : `still ${lastStatus}`}, waiting for ${until.join(', ')}\n`)
+        io.stderr(`ocp-api: timed out after ${timeout.text}: run ${runId} is ${lastStatus === undefined ? 'not read yet' : `still ${lastStatus}`}, waiting for ${until.join(', ')}\n`)
         finish(EXIT.timeout)
-      }, timeoutMs)
+      }, timeout.ms)
     const live = client.liveRun(runId, ({ run: detail }) => {
+      deadline.clear()
       const { status } = detail.run
       if (status !== lastStatus) io.stderr(`ocp-api: run ${runId} is ${status}${until.includes(status) ? '' : `, waiting for ${until.join(', ')}`}\n`)
       lastStatus = status
-      if (!until.includes(status)) return
-      io.stdout(JSON.stringify(detail) + '\n')
-      const success = ok === undefined || ok.includes(status)
-      if (!success) io.stderr(`ocp-api: run ${runId} ended ${status}, not ${ok!.join(' or ')}\n`)
-      finish(success ? EXIT.ok : EXIT.failed)
+      const code = outcome(detail)
+      if (code !== undefined) finish(code)
     }, {
-      onStatus: (status) => {
-        // A read that cannot get through reports its error here as it retries.
-        if (status.state === 'retrying' && status.error?.transient === false) return
-        progress(status)
-      },
+      onStatus: deadline.onStatus,
+      // A refusal retrying cannot fix (an unknown run, a refused token) ends the loop.
       onError: (error) => {
         io.stderr(`ocp-api: ${error.message}\n`)
         finish(exitCodeOf(error))
@@ -254,8 +345,8 @@ async function waitCommand (client: Client, runId: string, values: Record<string
   })
 }
 
-/** 2 for what the caller must fix (a bad request, an unknown id, a refused token), else 1. */
-const exitCodeOf = (error: ApiError) => error.status === 400 || error.status === 401 || error.status === 404 ? EXIT.usage : EXIT.failed
+/** 2 for what the caller must fix (a bad request, an unknown id, a refused token), else 1 (out of reach, or failing). */
+const exitCodeOf = (error: ApiError) => error.terminal ? EXIT.usage : EXIT.failed
 
 /** Runs the command line `argv` (without node and the script); resolves to the exit code. */
 export async function main (argv: string[], io: Io): Promise<number> {
@@ -281,7 +372,7 @@ export async function main (argv: string[], io: Io): Promise<number> {
     if (!/^https?:\/\/[^/]/.test(url)) throw new UsageError(`--url must be an http(s) URL, not "${url}"`, command)
     const token = (values.token as string | undefined) ?? (io.env.OCP_API_TOKEN || undefined)
     const client = createClient({ url, ...(token ? { token } : {}) })
-    const v = values as Record<string, string | boolean | undefined>
+    const v = values as Values
     switch (command) {
       case 'runs': return await runsCommand(client, v, io)
       case 'run': return await runCommand(client, positionals[0]!, Boolean(v.json), io)
