@@ -16,7 +16,7 @@ import { sleep, waitUntil } from './helpers/wait.js'
 // limit, a shutdown) is a 200 event stream with a `retry:`, so that a real
 // EventSource (the `eventsource` package, and Chromium's) keeps retrying
 // instead of closing for good, and resumes from its Last-Event-ID with
-// nothing lost or repeated (CONTRACT section 5).
+// nothing lost or repeated (docs/reference.md, "The event stream").
 
 const CHROMIUM = process.env.CHROMIUM_BIN ?? '/usr/bin/chromium'
 const RETRY_MS = 100
@@ -218,7 +218,8 @@ t.test('Chromium\'s EventSource keeps retrying a refused stream, and resumes', a
   const browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--headless', '--no-sandbox', '--disable-gpu'] })
   t.teardown(() => browser.close())
   const page = await browser.newPage()
-  await page.goto(`${base}/health`) // same origin as the stream
+  // Same origin as the stream, under a page's policy (connect-src 'self'): an API answer's forbids a document everything.
+  await page.goto(`${base}/ui/style.css`)
   await page.evaluate((url) => {
     const page = globalThis as unknown as { ids: number[], errors: number, source: EventSource }
     page.ids = []

@@ -1,8 +1,10 @@
 import type { FastifyInstance } from 'fastify'
 import { sql } from 'kysely'
+import { createHash } from 'node:crypto'
 import t, { type Test } from 'tap'
+import { UI_INLINE_SCRIPT_HASHES } from '../plugins/external/helmet.js'
 import { build } from './helpers/app.js'
-import { openPage, screenshot } from './helpers/browser.js'
+import { assertNoProblems, openPage, screenshot } from './helpers/browser.js'
 import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
 import { insertEvents } from './helpers/sse.js'
 
@@ -114,9 +116,12 @@ t.test('the thread timeline shows a new message within 2 s', async (t) => {
   await screenshot(page, 'thread')
 })
 
+/** What the browser logs of the requests it makes while the service is down. */
+const SERVICE_DOWN = /Failed to load resource: net::ERR_CONNECTION_REFUSED/
+
 t.test('the page recovers after the service restarts', async (t) => {
   const first = await serve(t)
-  const page = await openPage(t, `${first.url}/#/runs/run-ui`)
+  const page = await openPage(t, `${first.url}/#/runs/run-ui`, { expectedConsole: [SERVICE_DOWN] })
   await first.app.close()
   await page.locator('.live:not(.is-live)').waitFor({ timeout: 5000 })
   t.match(await page.locator('.live').textContent(), /Reconnecting|Offline/, 'it says it is not live')
@@ -135,7 +140,7 @@ t.test('the page recovers after the service restarts', async (t) => {
 
 t.test('the page recovers by itself when the history has moved past its cursor (410 cursor_expired)', async (t) => {
   const first = await serve(t)
-  const page = await openPage(t, `${first.url}/#/runs/run-ui`)
+  const page = await openPage(t, `${first.url}/#/runs/run-ui`, { expectedConsole: [SERVICE_DOWN, /Failed to load resource: the server responded with a status of 410 .*\/api\/events\/stream\?/] })
   const refused: string[] = []
   page.on('response', (response) => { if (response.status() === 410) refused.push(response.url()) })
   await first.app.close()
@@ -182,6 +187,60 @@ t.test('the UI files carry a tag: a reload revalidates each with a 304 instead o
     t.equal(again.body, '')
     t.equal((await app.inject({ url: path, headers: { 'if-none-match': '"another"' } })).statusCode, 200, `${path}: 200 for another tag`)
   }
-  t.match((await app.inject('/')).body, /<link rel="preload" href="\/api\/runs\?limit=50" as="fetch" crossorigin>/,
-    'the page preloads the runs list\'s first page with its modules')
+})
+
+t.test('the page preloads the runs list\'s first page with its modules, by a script its policy allows by hash', async (t) => {
+  const { app } = await serve(t)
+  const page = await app.inject('/')
+  const scripts = [...page.body.matchAll(/<script>(.*?)<\/script>/gs)].map(([, text]) => text!)
+  t.match(scripts, [/\/api\/runs\?limit=50/], 'one inline script: the preload')
+  t.same(scripts.map((text) => `'sha256-${createHash('sha256').update(text).digest('base64')}'`), UI_INLINE_SCRIPT_HASHES, 'UI_INLINE_SCRIPT_HASHES are its hashes')
+  t.ok(page.headers['content-security-policy']?.toString().includes(`script-src 'self' ${UI_INLINE_SCRIPT_HASHES.join(' ')};`), 'and the policy allows it')
+})
+
+t.test('no page logs an error or a warning: the runs list, each page by a link to it, /docs', async (t) => {
+  const { url } = await serve(t)
+  const pages = [
+    { path: '/', readySelector: 'tr[data-run="run-ui"]' },
+    { path: '/#/?status=blocked', readySelector: '.empty' },
+    { path: '/#/runs/run-ui', readySelector: '[data-task="task-backfill"]' },
+    { path: '/#/threads/thread-ui', readySelector: '[data-message="msg-q"]' },
+    { path: '/#/activity', readySelector: '.live.is-live' },
+    { path: '/docs', readySelector: '#operations-runs-listRuns' },
+    { path: '/docs/', readySelector: '#operations-runs-listRuns' }
+  ]
+  const opened = await Promise.all(pages.map(async ({ path, readySelector }) => ({ path, page: await openPage(t, `${url}${path}`, { readySelector }) })))
+  // Some arrive late: the browser warns of a preload nobody read 3 s after the page's load event.
+  await new Promise((resolve) => setTimeout(resolve, 4000))
+  for (const { path, page } of opened) assertNoProblems(t, page, path)
+})
+
+t.test('relative times tick: a run\'s "started N s ago" moves on without a redraw', async (t) => {
+  const { url } = await serve(t)
+  const now = new Date().toISOString()
+  await insertGraph({ runs: [makeRun({ run_id: 'run-just-started', goal: 'Just started', created_at: now, updated_at: now })] })
+  const page = await openPage(t, `${url}/#/runs/run-just-started`)
+  const started = page.locator('.meta time').first()
+  await started.evaluate((element) => element.setAttribute('data-drawn-first', ''))
+  const before = await started.textContent()
+  t.match(before, /^\d+ s ago$/)
+  await new Promise((resolve) => setTimeout(resolve, 2500))
+  const after = await page.locator('time[data-drawn-first]').textContent()
+  t.match(after, /^\d+ s ago$/, 'the same element, not a new snapshot\'s')
+  t.ok(Number.parseInt(after!) >= Number.parseInt(before!) + 2, `${before}, then ${after}`)
+})
+
+t.test('the activity page\'s "updated" moves with each event that arrives', async (t) => {
+  const { url } = await serve(t)
+  const page = await openPage(t, `${url}/#/activity`)
+  const live = page.locator('.live')
+  const before = await live.textContent()
+  t.match(before, /^Live · updated /)
+  // Past the second the stamp shows (toLocaleTimeString).
+  await new Promise((resolve) => setTimeout(resolve, 1100))
+  const [eventId] = await insertEvents({ event_type: 'task_done', run_id: 'run-ui', summary: 'a new event' })
+  await page.locator(`li[data-event="${eventId}"]`).waitFor({ timeout: LIVE_WITHIN_MS })
+  const after = await live.textContent()
+  t.match(after, /^Live · updated /)
+  t.not(after, before, `${before}, then ${after}`)
 })

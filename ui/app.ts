@@ -36,6 +36,22 @@ function age (iso: string): string {
 }
 const time = (iso: string) => h('time', { datetime: iso, title: iso }, age(iso))
 
+/**
+ * Draws the relative times under `root` again every second (their finest
+ * unit), so that "12 s ago" does not stay put between snapshots. One timer
+ * for the page shown; the returned function stops it.
+ */
+function keepTimesCurrent (root: HTMLElement): () => void {
+  const timer = setInterval(() => {
+    for (const stamp of root.querySelectorAll('time')) {
+      const text = age(stamp.dateTime)
+      // Only what changed: the rest of the page is left alone (selection, screen readers).
+      if (stamp.textContent !== text) stamp.textContent = text
+    }
+  }, 1000)
+  return () => clearInterval(timer)
+}
+
 const runHref = (runId: string) => `#/runs/${encodeURIComponent(runId)}`
 const threadHref = (threadId: string) => `#/threads/${encodeURIComponent(threadId)}`
 
@@ -43,7 +59,12 @@ const threadHref = (threadId: string) => `#/threads/${encodeURIComponent(threadI
 function countsBar (counts: Record<string, number>, total: number): HTMLElement {
   const entries = Object.entries(counts).sort(([a], [b]) => a.localeCompare(b))
   const bar = h('div', { class: 'bar', role: 'img', 'aria-label': entries.map(([status, n]) => `${n} ${status}`).join(', ') || 'no tasks' })
-  for (const [status, n] of entries) bar.append(h('span', { class: `bar-${statusClass(status)}`, style: `width: ${(100 * n) / Math.max(total, 1)}%` }))
+  for (const [status, n] of entries) {
+    const segment = h('span', { class: `bar-${statusClass(status)}` })
+    // Through the CSSOM: a style attribute is an inline style, which the content security policy refuses.
+    segment.style.width = `${(100 * n) / Math.max(total, 1)}%`
+    bar.append(segment)
+  }
   const legend = h('p', { class: 'legend' }, entries.length === 0 ? 'no tasks' : entries.map(([status, n]) => `${n} ${status}`).join(' · '))
   return h('div', {}, bar, legend)
 }
@@ -173,8 +194,8 @@ function eventItem (event: Event): HTMLElement {
     event.summary === '' ? null : h('span', {}, ` · ${event.summary}`), ' ', time(event.created_at))
 }
 
-/** The latest events (newest first), then each new one as it commits; on 410, starts over. */
-function mountActivity (main: HTMLElement, onStatus: (status: StreamStatus) => void): Live {
+/** The latest events (newest first), then each new one as it commits; on 410, starts over. `onDrawn` after each. */
+function mountActivity (main: HTMLElement, onStatus: (status: StreamStatus) => void, onDrawn: () => void): Live {
   const controller = new AbortController()
   const { signal } = controller
   const list = h('ol', { class: 'activity', reversed: '' })
@@ -182,6 +203,7 @@ function mountActivity (main: HTMLElement, onStatus: (status: StreamStatus) => v
   const show = (events: Event[]) => {
     for (const event of events) list.prepend(eventItem(event))
     while (list.childElementCount > ACTIVITY_SIZE) list.lastElementChild!.remove()
+    onDrawn()
   }
   async function start (): Promise<void> {
     while (!signal.aborted) {
@@ -227,10 +249,11 @@ function mount (hash: string): Live {
   const onError = (error: { detail: string }) => {
     main.replaceChildren(h('p', { class: 'crumbs' }, h('a', { href: '#/' }, '← All runs')), h('h1', {}, document.title.split(' · ')[0]!), h('p', { class: 'error' }, error.detail))
   }
-  // Each new snapshot is drawn at once; the indicator says when it was read.
+  // Each new snapshot (or event, on the activity page) is drawn at once; the indicator says when it was read.
+  const updated = () => { if (live.classList.contains('is-live')) showLive({ state: 'live' }) }
   const drawn = (element: HTMLElement) => {
     main.replaceChildren(element)
-    if (live.classList.contains('is-live')) showLive({ state: 'live' })
+    updated()
   }
   const [, kind, rawId] = /^#\/(runs|threads)\/(.+)$/.exec(hash) ?? []
   if (kind !== undefined && rawId !== undefined) {
@@ -242,7 +265,7 @@ function mount (hash: string): Live {
   }
   if (hash === '#/activity') {
     document.title = 'Activity · Control plane'
-    return mountActivity(main, onStatus)
+    return mountActivity(main, onStatus, updated)
   }
   const params = new URLSearchParams(hash.replace(/^#\/?\??/, ''))
   const view: RunsView = { status: params.get('status') ?? '', ...(params.get('cursor') ? { pageKey: params.get('cursor')! } : {}) }
@@ -255,8 +278,11 @@ let current: Live | undefined
 function route () {
   current?.close()
   showLive({ state: 'connecting' })
-  current = mount(location.hash)
-  document.getElementById('app')?.focus({ preventScroll: true })
+  const main = document.getElementById('app')!
+  const page = mount(location.hash)
+  const stopTimes = keepTimesCurrent(main)
+  current = { close: () => { page.close(); stopTimes() } }
+  main.focus({ preventScroll: true })
 }
 window.addEventListener('hashchange', route)
 route()

@@ -5,17 +5,32 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import { withRouteHook } from '../route-hooks.js'
 
 /**
+ * The inline scripts of the web UI's page, by hash: the one in ui/index.html
+ * that preloads the runs list's first page (test/ui.test.ts checks them).
+ */
+export const UI_INLINE_SCRIPT_HASHES = ["'sha256-3mCQY9DYLkTl+yGb2RrZ9VFPDl0KaP0elGxTsgR+U5w='"]
+
+/**
+ * The inline styles of /docs, by hash: the <style> of swagger-ui's logo,
+ * which its standalone preset draws (test/security-headers.test.ts checks
+ * them against @fastify/swagger-ui's files, so an upgrade that changes them
+ * fails there, not only in a browser's console).
+ */
+export const DOCS_INLINE_STYLE_HASHES = ["'sha256-RL3ie0nH+Lzz2YNqQN83mnU0J1ot4QL7b99vMdIX99w='"]
+
+/**
  * Helmet's options: its whole set goes on pages (the web UI, /docs), its
  * content security policy and nosniff on every answer (see below). The
- * policy allows only this origin, plus the inline styles and data: images
- * the /docs page uses.
+ * policy allows only this origin, plus the inline script and styles above
+ * by their hashes (never any inline code) and the data: images the /docs
+ * page uses.
  */
 export const helmetOptions: HelmetOptions = {
   contentSecurityPolicy: {
     directives: {
       defaultSrc: ["'self'"],
-      scriptSrc: ["'self'"],
-      styleSrc: ["'self'", "'unsafe-inline'"],
+      scriptSrc: ["'self'", ...UI_INLINE_SCRIPT_HASHES],
+      styleSrc: ["'self'", ...DOCS_INLINE_STYLE_HASHES],
       imgSrc: ["'self'", 'data:'],
       connectSrc: ["'self'"],
       objectSrc: ["'none'"],

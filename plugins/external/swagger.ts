@@ -40,8 +40,8 @@ export default fp(async function swaggerPlugin (app) {
   })
   await app.register(swaggerUi, {
     routePrefix: '/docs',
-    uiConfig: { docExpansion: 'list', deepLinking: true, validatorUrl: null },
-    staticCSP: true
+    // No staticCSP: /docs carries the pages' policy (plugins/external/helmet.ts), which allows swagger-ui's inline style by its hash.
+    uiConfig: { docExpansion: 'list', deepLinking: true, validatorUrl: null }
   })
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger())
 }, { name: 'swagger', decorators: { fastify: ['config'] } })
