@@ -170,7 +170,11 @@ t.test('on a database that refuses replication connections', { skip }, async (t)
     const wakeup = app.eventWakeup!
     await waitUntil(() => wakeup.refused, 'the refusal')
     await sleep(1200)
-    t.equal(lines.filter((line) => line.msg.startsWith('event wake-up refused')).length, 1, 'logged once, and not tried again')
+    const refusals = lines.filter((line) => line.msg.startsWith('event wake-up refused'))
+    t.equal(refusals.length, 1, 'logged once, and not tried again')
+    t.equal(refusals[0]!.level, 30, 'at info: the common case, nothing is wrong')
+    t.notOk('err' in refusals[0]!, 'no stack trace, the database\'s reason only')
+    t.match(refusals[0], { code: /^28/, reason: /replication/ })
     t.notOk(wakeup.live)
     await app.listen({ port: 0, host: '127.0.0.1' })
     const { port } = app.server.address() as { port: number }

@@ -179,7 +179,10 @@ export class WalWakeup {
     const { log, mode } = this.options
     if (!this.#everLive && mode === 'auto' && isRefusal(err)) {
       this.refused = true
-      log.warn({ err }, 'event wake-up refused by the database (a physical replication connection needs a `replication` line in pg_hba.conf and a role with REPLICATION): events are polled every EVENTS_POLL_INTERVAL_MS instead; EVENTS_WAKEUP=off silences this')
+      // The common case (most databases allow no replication connection): one
+      // line at info with the database's own words, no stack; nothing is wrong.
+      const { message, code } = err as { message?: string, code?: string }
+      log.info({ code, reason: message }, 'event wake-up refused by the database (a physical replication connection needs a `replication` line in pg_hba.conf and a role with REPLICATION): events are polled every EVENTS_POLL_INTERVAL_MS instead; EVENTS_WAKEUP=off silences this')
       return
     }
     if (!this.#troubleLogged) {
