@@ -13,13 +13,18 @@ const args = process.argv.slice(2)
 const namedFiles = args.some((arg) => arg.endsWith('.ts'))
 const IMAGE = 'postgres:15-alpine'
 
-/** Runs a command to its end; its exit status. */
+/** Runs a command to its end; its exit status. With TEST_RUNNER_DRY_RUN=1 (test/test-runner.test.ts), only says what it would run: a tap inside tap would clear the outer run's coverage. */
 function run (command, commandArgs, env = process.env) {
+  if (process.env.TEST_RUNNER_DRY_RUN === '1') {
+    console.log(`would run: ${command} ${commandArgs.join(' ')} (TEST_BACKEND=${env.TEST_BACKEND ?? 'server'}, DATABASE_URL=${env.DATABASE_URL ?? ''})`)
+    return Promise.resolve(0)
+  }
+  /* c8 ignore start: the runs themselves (npm test) */
   return new Promise((resolve) => {
     const child = spawn(command, commandArgs, { stdio: 'inherit', env })
-    /* c8 ignore next: killed by a signal */
     child.once('exit', (status, signal) => resolve(status ?? (signal ? 1 : 0)))
   })
+  /* c8 ignore stop */
 }
 
 /** The Postgres to test on, or why there is none. */
@@ -46,8 +51,8 @@ async function findServer () {
 
 const server = await findServer()
 if (server.url !== undefined) {
-  /* c8 ignore next 2: the whole suite (this run) and a container of our own are what test/test-runner.test.ts cannot start inside it */
   const status = await run('npx', ['tap', ...(namedFiles ? ['--disable-coverage'] : []), ...args], { ...process.env, DATABASE_URL: server.url })
+  /* c8 ignore next: a container of our own, which test/test-runner.test.ts cannot start here */
   await server.container?.stop()
   process.exit(status)
 }
@@ -59,5 +64,4 @@ The whole suite, with coverage, runs on a server:
 `)
 // Named files run alone; otherwise the embedded suite.
 if (namedFiles) process.exit(await run('npx', ['tap', '--disable-coverage', ...args], { ...process.env, TEST_BACKEND: 'embedded' }))
-/* c8 ignore next: the whole embedded suite (CI runs it as npm run test:embedded) */
 process.exit(await run('npm', ['run', '--silent', 'test:embedded']))
