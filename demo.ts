@@ -15,7 +15,7 @@ import {
  * control plane busy through db/writer.ts: runs are created, their tasks
  * move through ready, dispatched and running, some get blocked on a question
  * and answered, workers post updates and results with artifacts, and a
- * council tallies each finished run. Every event type of SPEC section 6
+ * council tallies each finished run. Every event type of docs/reference.md, "Event types"
  * appears. Watch http://localhost:8080/ or `curl -N localhost:8080/api/events/stream`.
  */
 

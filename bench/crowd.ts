@@ -6,7 +6,7 @@
  *   npm run bench:crowd                                  (1,000 pollers, 20 events 1 s apart)
  *   npm run bench:crowd -- --pollers 200 --events 5      (smaller)
  *
- * Needs a Docker engine (on these machines: ../shared/containers/build-images.sh).
+ * Needs a Docker engine with the base images (docs/operating.md, "Docker Compose").
  * Brings up docker-compose.yml's scale profile as a project of its own
  * (three replicas behind nginx, free ports on loopback, `down -v` at the
  * end), then opens --pollers long-pollers of one run through nginx, each

@@ -6,7 +6,7 @@ import { jsonArray, jsonObject, rowJson, utcTimestamp } from './json.js'
 import { builder, queryRow, Statement } from './statement.js'
 
 /*
- * The read queries of SPEC section 4. Each is ONE statement that returns
+ * The read queries of docs/reference.md, "Endpoints". Each is ONE statement that returns
  * the finished JSON body as text: a statement reads one snapshot, so every
  * count agrees with every list in the same body, however writers interleave;
  * and a run detail or thread detail is one round trip, never N+1.
@@ -81,7 +81,7 @@ function artifactsOf (eb: ExpressionBuilder<any, any>, messageId: Expression<str
 }
 
 /**
- * One row per blocked task of a run (CONTRACT section 2): its attempt is the
+ * One row per blocked task of a run (docs/reference.md, "Conventions"): its attempt is the
  * one numbered latest_attempt_no (the highest when that is NULL), its
  * question the newest `question` message of the attempt's thread. `item`
  * is NULL when either is missing.

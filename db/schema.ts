@@ -1,7 +1,7 @@
 import type { ColumnType, Generated, Kysely } from 'kysely'
 
 /**
- * The shared Postgres schema (CONTRACT section 1). The orchestrator writes
+ * The shared Postgres schema (docs/reference.md, "Tables the orchestrator writes"). The orchestrator writes
  * these tables; this service only reads them. Migrations in db/migrations
  * create exactly these columns.
  *

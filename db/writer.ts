@@ -34,7 +34,7 @@ export async function recordChange (db: Writer, event: EventInput, change: (trx:
 
 const now = () => sql<Date>`now()`
 
-/** Task statuses and the event each transition announces (SPEC section 6). */
+/** Task statuses and the event each transition announces (docs/reference.md, "Event types"). */
 export const TASK_STATUS_EVENTS = {
   ready: 'task_ready',
   dispatched: 'task_dispatched',

@@ -1,7 +1,8 @@
 import { Type, type TObject } from 'typebox'
+import { eventTypeNames } from './event-types.js'
 
 /*
- * The resources of SPEC section 2, one schema each, registered once by $id
+ * The resources of docs/reference.md, "Resources", one schema each, registered once by $id
  * (plugins/app/schemas.ts) and referenced by the routes. Required and optional
  * fields are exactly SPEC's; an optional field is omitted when its column
  * is NULL. The same definitions drive validation, the SQL projection
@@ -135,10 +136,10 @@ export const ErrorEnvelope = Type.Object({
   }, { additionalProperties })
 }, { $id: 'ErrorEnvelope', additionalProperties })
 
-/** One persisted event (SPEC section 6): every field always present, strings possibly empty. */
+/** One persisted event (docs/reference.md, "Event types"): every field always present, strings possibly empty. */
 export const Event = Type.Object({
   event_id: Type.Integer({ minimum: 1, description: 'Monotonic: the only resume cursor' }),
-  event_type: Type.String({ description: 'task_added, task_ready, task_dispatched, task_running, task_blocked, task_answered, task_done, task_failed, thread_claim, thread_update, thread_reply, thread_result, council_tallied, council_report_persisted, or another' }),
+  event_type: Type.String({ description: `${eventTypeNames.join(', ')}, or another the orchestrator writes (see the event types of docs/reference.md)` }),
   run_id: Type.String({ description: '"" when the event is not tied to a run' }),
   task_id: Type.String({ description: '"" when the event is not tied to a task' }),
   thread_id: Type.String({ description: '"" when the event is not tied to a thread' }),

@@ -3,7 +3,7 @@ import { build } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
 import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
 
-// The blocked-task rule of CONTRACT section 2 and its edge cases.
+// The blocked-task rule of docs/reference.md, "Conventions" and its edge cases.
 
 const run = makeRun({ run_id: 'run-blocked' })
 const rid = run.run_id

@@ -7,7 +7,7 @@ import { writer } from './helpers/fixtures.js'
 import { openStream } from './helpers/sse.js'
 
 // The demo's simulated orchestrator, written through db/writer.ts: every
-// event type of SPEC section 6 reaches a subscriber, and the API reads
+// event type of docs/reference.md, "Event types" reaches a subscriber, and the API reads
 // consistent state all along.
 
 const SPEC_EVENT_TYPES = [

@@ -3,10 +3,10 @@ import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { ConfigSchema } from '../config.js'
-import { ErrorCodes } from '../errors.js'
 
 // The documentation names every setting the code reads: the README's table
 // and .env.example stay in step with config.ts; and every path it names exists.
+// (Error codes, event types and table columns: test/reference.test.ts.)
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 const readme = readFileSync(join(root, 'README.md'), 'utf8')
@@ -23,12 +23,6 @@ t.test('every configuration variable is documented', async (t) => {
   // OTEL_* are the OpenTelemetry SDK's own variables (tracing.ts), not config.ts's.
   t.same(documented.filter((name) => !variables.includes(name!) && !name!.startsWith('OTEL_')), [], 'and the README documents no variable that does not exist')
   t.match(tracingDoc, /^\| `OTEL_EXPORTER_OTLP_ENDPOINT` \|/m, 'and docs/tracing.md the tracing variables')
-})
-
-t.test('every error code is documented, with its status', async (t) => {
-  for (const [code, status] of Object.entries(ErrorCodes)) {
-    t.match(readme, new RegExp(`^\\| ${status} \\| \`${code}\` \\|`, 'm'), `README's error table has ${status} ${code}`)
-  }
 })
 
 /** The Markdown files a reader opens: the README, BENCHMARKS.md and docs/. */

@@ -12,8 +12,8 @@ import { makeRun } from './helpers/fixtures.js'
 import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
 import { waitUntil } from './helpers/wait.js'
 
-// The Durable Streams read path on a hot standby (CONTRACT sections 8 and
-// 9): the service reads only the standby; writers commit out of order on
+// The Durable Streams read path on a hot standby (docs/reference.md, "Read replicas" and
+// docs/reference.md, "Durable Streams"): the service reads only the standby; writers commit out of order on
 // the primary; long-poll and SSE readers get every event of the run once,
 // ascending.
 

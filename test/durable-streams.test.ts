@@ -14,7 +14,7 @@ import { insertGraph, makeAttempt, makeRun, makeTask, makeThread, writer } from 
 import { insertEvents, makeEvent } from './helpers/sse.js'
 import { sleep, waitUntil } from './helpers/wait.js'
 
-// The event log under the Durable Streams protocol (CONTRACT section 9),
+// The event log under the Durable Streams protocol (docs/reference.md, "Durable Streams"),
 // read with the official client (@durable-streams/client) and raw HTTP.
 
 interface Envelope { event_id: number, run_id: string, thread_id: string }

@@ -230,7 +230,7 @@ t.test('stopping the upkeep while it connects leaves no connection behind, nor t
   t.equal(upkeep.ticks, 0, 'and it never ticked')
 })
 
-t.test('EVENT-ORDER fact 1: an older transaction commits a higher id while a newer one holds a lower id open', async (t) => {
+t.test('a snapshot fact: an older transaction commits a higher id while a newer one holds a lower id open', async (t) => {
   const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, EVENTS_CLOCK_INTERVAL_MS: 50 })
   const admin = await client()
   t.teardown(() => admin.end())

@@ -4,7 +4,7 @@ import { build } from './helpers/app.js'
 import { insertGraph, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
 import { insertEvents } from './helpers/sse.js'
 
-// HTTP caching (CONTRACT section 7): strong ETags and If-None-Match on every
+// HTTP caching (docs/reference.md, "HTTP caching"): strong ETags and If-None-Match on every
 // JSON read, Cache-Control by kind, errors no-store, nothing public with
 // API_TOKENS.
 

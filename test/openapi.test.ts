@@ -7,7 +7,7 @@ import { build } from './helpers/app.js'
 import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
 
-// The OpenAPI document: valid, complete against SPEC section 4, named
+// The OpenAPI document: valid, complete against docs/reference.md, "Endpoints", named
 // components, and true: real responses validate against its own schemas.
 
 interface Operation { operationId: string, parameters?: Array<{ name: string, in: string }>, responses: Record<string, { content?: Record<string, { schema: unknown }> }> }
@@ -50,7 +50,7 @@ t.test('the document is valid OpenAPI 3, version 0.1.0', async (t) => {
   await t.resolves(SwaggerParser.validate(structuredClone(doc) as never), 'swagger-parser validates it')
 })
 
-t.test('every operation of SPEC section 4, by operation id, path and status', async (t) => {
+t.test('every operation of docs/reference.md, "Endpoints", by operation id, path and status', async (t) => {
   const { doc } = await fetchDocument(t)
   for (const [operationId, path, statuses] of specOperations) {
     const operation = doc.paths[path]?.get

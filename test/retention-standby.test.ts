@@ -7,8 +7,8 @@ import { openStream } from './helpers/sse.js'
 import { queryOn as query, startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
 import { waitUntil } from './helpers/wait.js'
 
-// EVENTS_RETENTION with the reads on a hot standby (CONTRACT sections 6 and
-// 8): the keeper works on the primary, the drops and the floor replicate in
+// EVENTS_RETENTION with the reads on a hot standby (docs/reference.md, "Event history" and
+// docs/reference.md, "Read replicas"): the keeper works on the primary, the drops and the floor replicate in
 // one transaction, and the standby's reads answer 410 below the floor.
 
 

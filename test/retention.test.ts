@@ -91,7 +91,7 @@ t.test('EVENTS_RETENTION=10s: events go within 20 s of their created_at; cursors
   const expired = await app.inject(`/api/events?after_event_id=${expiredFloor - 1}`)
   t.equal(expired.statusCode, 410)
   t.same(expired.json().error.code, 'cursor_expired')
-  t.equal(expired.headers['cache-control'], 'no-store', 'an error is never cached (CONTRACT section 7)')
+  t.equal(expired.headers['cache-control'], 'no-store', 'an error is never cached (docs/reference.md, "HTTP caching")')
   t.equal((await app.inject('/api/events?after_event_id=0')).statusCode, 410, 'after_event_id=0 included')
 
   const [kept] = await insertEvents({ run_id: 'run-r', summary: 'kept' })

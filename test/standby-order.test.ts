@@ -7,7 +7,7 @@ import { withDatabase } from './helpers/database.js'
 import { openStream } from './helpers/sse.js'
 import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
 
-// The event order settled on a hot standby (CONTRACT section 8): writers
+// The event order settled on a hot standby (docs/reference.md, "Read replicas"): writers
 // commit out of order on the primary, some roll back, some stay open; the
 // service reads only from the standby (as a role the primary refuses) and
 // every stream still gets every committed event once, ascending, and a
@@ -104,7 +104,7 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
   // A writer left open on the primary: on the standby, the hole below the
   // next event waits for it, and after five seconds the log says so, naming
   // the writer (the keeper's census on the primary found it).
-  // EVENT-ORDER fact 1: the older transaction (it holds an id first) commits
+  // The snapshot fact: the older transaction (it holds an id first) commits
   // the higher event id while the newer one holds the lower id open.
   const older = await pool.connect()
   await older.query('begin')

@@ -14,7 +14,7 @@ import { runScript, type Outcome } from './helpers/run.js'
 import { openStream } from './helpers/sse.js'
 import { queryOn as query, startReplicatedPostgres, standbySkipReason, type ReplicatedPostgres } from './helpers/standby.js'
 
-// The service on a hot standby (CONTRACT section 8), on a primary and a
+// The service on a hot standby (docs/reference.md, "Read replicas"), on a primary and a
 // streaming standby of the test's own. The service reads as a read-only
 // role that the primary's pg_hba.conf rejects: a read that reached the
 // primary would fail, and would show in the primary's log.

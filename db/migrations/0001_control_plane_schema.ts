@@ -1,6 +1,6 @@
 import { sql, type Kysely } from 'kysely'
 
-// The shared schema of CONTRACT section 1, with the indexes the read API needs.
+// The shared schema of docs/reference.md, "Tables the orchestrator writes", with the indexes the read API needs.
 // Migrations import no application code: they must keep working as the app changes.
 
 export async function up (db: Kysely<any>): Promise<void> {

@@ -3,7 +3,7 @@ import { sql, type Kysely } from 'kysely'
 /*
  * Makes `event_id` order equal commit order, so that a reader that has seen
  * event N committed can never later see an event below N commit: the event
- * stream's guarantee (CONTRACT section 5) rests on it.
+ * stream's guarantee (docs/reference.md, "The event stream") rests on it.
  *
  * Sequence values are drawn before commit, so with a plain identity a
  * transaction holding id 41 could commit after the one holding 42, and a

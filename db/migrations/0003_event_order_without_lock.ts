@@ -9,7 +9,7 @@ import * as lockedEventOrder from './0002_event_stream.js'
  * them, so they may commit out of order; a reader moves past an id only
  * once every id below it is settled: committed, or known never to commit.
  * Why each piece is sound is in docs/stream.md ("How the event order is
- * settled") and ../shared/EVENT-ORDER.md; in short:
+ * settled"); in short:
  *
  * - Registration (primary). The column default events_next_id(), before the
  *   first id a transaction draws, takes a SHARED transaction-level advisory
@@ -26,7 +26,8 @@ import * as lockedEventOrder from './0002_event_stream.js'
  *   the sequence value read BEFORE its own transaction id was assigned, and
  *   that id. Every id <= clock_value was drawn by a transaction older than
  *   clock_xid, so once a snapshot's xmin passes clock_xid (all older
- *   transactions have ended, EVENT-ORDER.md fact 2) those ids are settled.
+ *   transactions have ended: a snapshot's xmin is below every transaction still
+ *   running) those ids are settled.
  * - Contiguity. Ids just above a settled position that are all visible are
  *   settled too: no hole, nothing to wait for.
  *

@@ -4,7 +4,7 @@ import { hash } from 'node:crypto'
 import { listOf } from '../../config.js'
 
 /**
- * What a JSON read is, for caches (CONTRACT section 7):
+ * What a JSON read is, for caches (docs/reference.md, "HTTP caching"):
  * - `state`: runs, tasks, blocked tasks, threads; may change at any time,
  *   so a cache must revalidate before every use.
  * - `recent`: an events page that may still grow (not full, or starting
@@ -20,7 +20,7 @@ export type CacheKind = 'state' | 'recent' | 'immutable' | 'stream'
 /** How long a `recent` events page may be served stale: the contract allows at most 5 s. */
 export const RECENT_MAX_AGE_SECONDS = 5
 
-/** Every error: a 404 may become a 200, a 503 must be retried (CONTRACT section 7). */
+/** Every error: a 404 may become a 200, a 503 must be retried (docs/reference.md, "HTTP caching"). */
 export const NO_STORE = 'no-store'
 
 declare module 'fastify' {
@@ -95,7 +95,7 @@ function addVary (reply: FastifyReply, name: string) {
 
 /**
  * HTTP caching of the JSON reads: strong ETags, conditional GETs, and the
- * Cache-Control of CONTRACT section 7. Routes say what they send
+ * Cache-Control of docs/reference.md, "HTTP caching". Routes say what they send
  * (reply.sendCacheable, or reply.sendRead for state); errors are `no-store`
  * (plugins/app/errors.ts).
  */

@@ -5,7 +5,7 @@ declare module 'fastify' {
   interface FastifyReply {
     /**
      * Sends a read's body with the stream position it was read at, in
-     * X-Event-Cursor (CONTRACT section 5): subscribe with
+     * X-Event-Cursor (docs/reference.md, "The event stream"): subscribe with
      * after_event_id=<X-Event-Cursor> and nothing between is missed.
      * Cached as state (plugins/app/http-cache.ts).
      */

@@ -6,7 +6,7 @@ import { listOf } from '../../config.js'
  * CORS for browser UIs served from other origins: off unless CORS_ORIGINS
  * lists them (comma-separated; `*` for any). The headers a UI needs to read
  * (X-Event-Cursor, Link, X-Request-Id, ETag, and the Durable Streams
- * headers of CONTRACT section 9) are exposed, and a UI may send
+ * headers of docs/reference.md, "Durable Streams") are exposed, and a UI may send
  * If-None-Match itself.
  */
 export default fp(async function corsPlugin (app) {

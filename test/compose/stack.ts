@@ -7,7 +7,7 @@ import { sleep, waitUntil } from '../helpers/wait.js'
 
 /*
  * The project's own docker-compose.yml on a real Docker engine (CI prepares
- * one with ../shared/containers/build-images.sh; docs/operating.md, "Docker Compose"):
+ * one with the base images; docs/operating.md, "Docker Compose"):
  * the default profile, then the scale profile (three replicas behind
  * nginx); under open EventSources, 2 of 3 replicas are killed and Postgres
  * is killed and restarted: every stream resumes (how soon after the kill is

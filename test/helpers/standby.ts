@@ -9,7 +9,7 @@ import { freePort, sleep } from './wait.js'
 /*
  * A primary and a streaming hot standby of the test's own (pg_basebackup -R
  * of the primary, in temporary directories, on free ports), for the tests
- * of the service on a read replica: CONTRACT section 8.
+ * of the service on a read replica: docs/reference.md, "Read replicas".
  *
  * The read-only login role READER_ROLE is created on the primary and so
  * replicates, but the primary's pg_hba.conf rejects it (pg_hba.conf is per

@@ -9,7 +9,7 @@ import { matchesFilter, type EventFilter, type StoredEvent } from '../../../db/e
  */
 let lastFramed: { event: StoredEvent, frame: string } | undefined
 
-/** One event on the wire (CONTRACT section 5): its id, its envelope as one data line, a blank line. */
+/** One event on the wire (docs/reference.md, "The event stream"): its id, its envelope as one data line, a blank line. */
 export function eventFrame (event: StoredEvent): string {
   if (lastFramed?.event !== event) lastFramed = { event, frame: `id: ${event.id}\ndata: ${event.json}\n\n` }
   return lastFramed.frame
@@ -33,7 +33,7 @@ export const KEEP_ALIVE = ': keep-alive\n\n'
  * How a stream writes what it tells its client: an event, a position it
  * has reached without an event (a quiet filtered stream), and, optionally,
  * a catch-up page at once. The event stream's own format
- * (CONTRACT section 5) is EVENT_STREAM_FORMAT; the Durable Streams SSE
+ * (docs/reference.md, "The event stream") is EVENT_STREAM_FORMAT; the Durable Streams SSE
  * mode has its own (durable.ts).
  */
 export interface StreamFormat {
