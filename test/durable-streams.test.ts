@@ -7,6 +7,7 @@ import type { Config } from '../config.js'
 import { ANSWERS_PER_CLOCK_LOOK, CATCH_UP_PAGE_SIZE, PENDING_WAIT_MS } from '../plugins/app/events/hub.js'
 import { encodeOffset } from '../plugins/app/events/durable.js'
 import { Waiter } from '../plugins/app/events/waiter.js'
+import type { StoredEvent } from '../db/events.js'
 import { build } from './helpers/app.js'
 import { needsServer, testDatabaseUrl } from './helpers/database.js'
 import { sql } from 'kysely'
@@ -366,6 +367,27 @@ t.test('up to date means up to date: events committed above a writer in flight m
   t.same(ids(await (await fetch(`${streamUrl}?offset=${encodeOffset(above!)}`)).json() as Envelope[]), [committed], 'once it rolled back: the event above it, up to date')
 })
 
+t.test('a crowd answered within its turn (answerTurnMs) is answered before the loop turns', async (t) => {
+  const { app } = await serve(t)
+  const run = 'ds-crowd-one-turn'
+  await insertGraph({ runs: [makeRun({ run_id: run })] })
+  const crowd = ANSWERS_PER_CLOCK_LOOK * 2 + 1
+  const from = await app.events.ready()
+  const polls = Array.from({ length: crowd }, () => app.events.longPoll(from, { runId: run }, 'offset', 10_000, () => {}))
+  await waitUntil(() => app.events.waiting === crowd, 'every long-poll to wait')
+  let turned = false
+  const afterTurn: boolean[] = []
+  for (const poll of polls) {
+    void poll.then(() => {
+      if (afterTurn.length === 0) setImmediate(() => { turned = true })
+      afterTurn.push(turned)
+    })
+  }
+  await insertEvents({ run_id: run })
+  await Promise.all(polls)
+  t.notOk(afterTurn.some((after) => after), `all ${crowd} in one turn of the loop (the clock looked at twice)`)
+})
+
 t.test('a crowd of long-polls is answered a turn of the event loop at a time (answerTurnMs), the loop turning between', async (t) => {
   const { app } = await serve(t)
   const run = 'ds-crowd'
@@ -466,4 +488,9 @@ t.test('a waiter whose client is already gone does not wait', async (t) => {
   await waiter.wait(5000, (stop) => { stop() })
   t.ok(Date.now() - started < 1000)
   waiter.release() // nothing to release: harmless
+  // One that already holds an event answers at once, listening for nothing.
+  const holding = new Waiter({}, 0, 10)
+  holding.offer({ id: 1 } as StoredEvent)
+  await holding.wait(5000, () => { t.fail('no listener needed') })
+  t.ok(Date.now() - started < 1000, 'and one that already holds an event does not wait either')
 })

@@ -6,7 +6,7 @@ import pg from 'pg'
 import t from 'tap'
 import { ErrorCodes } from '../errors.js'
 import { eventTypeNames } from '../schemas/event-types.js'
-import { referencePath, resourcesBlock, withGeneratedBlocks, type OpenApiDocument } from '../scripts/reference.js'
+import { endpointsBlock, referencePath, resourcesBlock, withGeneratedBlocks, type OpenApiDocument } from '../scripts/reference.js'
 import { build } from './helpers/app.js'
 import { testDatabaseUrl } from './helpers/database.js'
 
@@ -100,11 +100,17 @@ t.test('how a schema reads in the reference', async (t) => {
     i: { type: 'object', additionalProperties: { type: 'string' } },
     j: { type: 'object' },
     k: {},
-    l: { type: 'string', description: 'one | two\nlines' }
+    l: { type: 'string', description: 'one | two\nlines' },
+    m: { type: 'array' },
+    n: { type: 'object', patternProperties: { '^.*$': { type: 'integer' } } }
   }))
   t.match(rendered, 'A probe')
   for (const row of ['| `a` | integer (1 to 9) | yes |', '| `b` | integer (≥ 0) | no', '| `c` | number |', '| `d` | boolean |', '| `e` | nothing |',
     '| `f` | string (2 to 5 characters) |', '| `g` | string (not empty, matching `^[a-z]+$`) |', '| `h` | `x` or `y` or `z` |',
     '| `i` | object mapping strings to string |', '| `j` | object |', '| `k` | any JSON |', '| `l` | string | no: omitted when empty | one \\| two lines |']) t.match(rendered, row, row)
+  for (const row of ['| `m` | array of any JSON |', '| `n` | object mapping strings to integer |']) t.match(rendered, row, row)
+  t.match(resourcesBlock({ paths: {}, components: { schemas: { Bare: {} } } }), '### Bare\n\n| Field | Type | Required | Meaning |\n|---|---|---|---|', 'a schema without fields')
+  const endpoints = endpointsBlock({ paths: { '/x': { get: { operationId: 'getX', responses: { 204: { headers: { 'x-thing': {} } } } } } }, components: { schemas: {} } })
+  t.match(endpoints, '| 204 |  | none | `X-Thing`:  |', 'a response without body, a header without description')
   t.throws(() => withGeneratedBlocks('<!-- generated: nothing -->\n<!-- end of generated: nothing -->', schema({})), /no generator for the block "nothing"/)
 })

@@ -50,12 +50,13 @@ export class Waiter implements Listener {
   wait (timeoutMs: number, whenGone: (stop: () => void) => void): Promise<void> {
     if (this.events.length > 0) return Promise.resolve()
     return new Promise((resolve) => {
-      const timer = setTimeout(() => this.#done?.(), timeoutMs)
-      this.#done = () => {
+      const done = () => {
         this.#done = undefined
         clearTimeout(timer)
         resolve()
       }
+      const timer = setTimeout(done, timeoutMs)
+      this.#done = done
       whenGone(() => this.#done?.())
     })
   }
