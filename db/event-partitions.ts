@@ -273,6 +273,8 @@ export class PartitionKeeper {
   /** Partitions this keeper dropped, and rows it deleted from the default partition. */
   dropped = 0
   deletedRows = 0
+  /** Called with the history's new floor once a pass raised it: this process's streams stop serving from memory what went. */
+  onFloorRaised: (floor: number) => void = () => {}
   /** (time, ids drawn by writers) samples over RATE_WINDOW_MS. */
   readonly #samples: Array<{ at: number, drawn: number }> = []
   /** Ids this keeper moved the sequence over: not the writers' rate. */
@@ -391,6 +393,7 @@ export class PartitionKeeper {
       let floor = 0
       if (!await this.#whenFree(`${range.name}, expired, is dropped`, async () => { floor = await dropRange(client, range.name, this.options.lockTimeoutMs) })) return
       this.#newest.delete(range.name)
+      this.onFloorRaised(floor)
       this.dropped++
       dropped++
       this.options.log.info({ partition: range.name, end: range.end, newestCreatedAt: newest === null ? null : new Date(newest).toISOString(), historyFloor: floor },
@@ -402,6 +405,7 @@ export class PartitionKeeper {
     if (partition === undefined) return
     const { deleted, floor } = await deleteExpiredDefaultRows(client, partition, retentionMs, below, settled)
     if (deleted > 0) {
+      this.onFloorRaised(floor)
       this.deletedRows += deleted
       this.options.log.info({ partition, deleted, historyFloor: floor },
         'event history: expired events deleted from the default partition (ids past every range, written while the keeper was behind)')

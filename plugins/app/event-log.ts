@@ -267,6 +267,8 @@ export default fp(async function eventLogPlugin (app) {
   }
   // What a tick settled reaches this replica's streams without waiting for the wake-up (or, without one, a poll).
   upkeep.onPublished = () => { app.events.wake() }
+  // What retention dropped is no longer served from this replica's memory, from the moment it went (other replicas: at their next poll).
+  upkeep.keeper.onFloorRaised = (floor) => { app.events.raiseFloor(floor) }
   app.addHook('onReady', async () => { upkeep.start() })
   app.addHook('onClose', async () => { await upkeep.stop() })
 }, { name: 'event-log', dependencies: ['db', 'events'] })

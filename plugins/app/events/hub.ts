@@ -236,6 +236,17 @@ export class EventHub {
   }
 
   /**
+   * The history's floor rose (this process's upkeep dropped what lies at or
+   * below it): the window stops serving those events at once, so that a
+   * cursor below the floor reads the table and gets its 410, rather than
+   * waiting for the next poll to learn it.
+   */
+  raiseFloor (floor: number): void {
+    /* c8 ignore next: a drop before the first poll has nothing in memory to drop */
+    this.#window?.raiseFloor(floor)
+  }
+
+  /**
    * Up to a page of events after `afterId`, never past `upTo` (a settled
    * head: what lies above it reaches a stream live), with the history's
    * floor: from the window of recent events when it holds them all (then
