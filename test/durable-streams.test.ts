@@ -367,34 +367,13 @@ t.test('up to date means up to date: events committed above a writer in flight m
   t.same(ids(await (await fetch(`${streamUrl}?offset=${encodeOffset(above!)}`)).json() as Envelope[]), [committed], 'once it rolled back: the event above it, up to date')
 })
 
-t.test('a crowd answered within its turn (answerTurnMs) is answered before the loop turns', async (t) => {
-  const { app } = await serve(t)
-  const run = 'ds-crowd-one-turn'
+/**
+ * `crowd` long-polls of a run of their own, waiting in the hub, then one
+ * event for them: their pages, the event's id, and for each answer (in the
+ * order answered) whether the event loop had turned since the first.
+ */
+async function answerCrowd (app: FastifyInstance, run: string, crowd: number) {
   await insertGraph({ runs: [makeRun({ run_id: run })] })
-  const crowd = ANSWERS_PER_CLOCK_LOOK * 2 + 1
-  const from = await app.events.ready()
-  const polls = Array.from({ length: crowd }, () => app.events.longPoll(from, { runId: run }, 'offset', 10_000, () => {}))
-  await waitUntil(() => app.events.waiting === crowd, 'every long-poll to wait')
-  let turned = false
-  const afterTurn: boolean[] = []
-  for (const poll of polls) {
-    void poll.then(() => {
-      if (afterTurn.length === 0) setImmediate(() => { turned = true })
-      afterTurn.push(turned)
-    })
-  }
-  await insertEvents({ run_id: run })
-  await Promise.all(polls)
-  t.notOk(afterTurn.some((after) => after), `all ${crowd} in one turn of the loop (the clock looked at twice)`)
-})
-
-t.test('a crowd of long-polls is answered a turn of the event loop at a time (answerTurnMs), the loop turning between', async (t) => {
-  const { app } = await serve(t)
-  const run = 'ds-crowd'
-  await insertGraph({ runs: [makeRun({ run_id: run })] })
-  // Every look at the clock finds the turn over.
-  app.events.answerTurnMs = 0
-  const crowd = ANSWERS_PER_CLOCK_LOOK * 2 + 50
   const from = await app.events.ready()
   const polls = Array.from({ length: crowd }, () => app.events.longPoll(from, { runId: run }, 'offset', 10_000, () => {}))
   await waitUntil(() => app.events.waiting === crowd, 'every long-poll to wait')
@@ -407,7 +386,22 @@ t.test('a crowd of long-polls is answered a turn of the event loop at a time (an
     })
   }
   const [written] = await insertEvents({ run_id: run })
-  const pages = await Promise.all(polls)
+  return { pages: await Promise.all(polls), written, afterTurn }
+}
+
+t.test('a crowd answered within its turn (answerTurnMs) is answered before the loop turns', async (t) => {
+  const { app } = await serve(t)
+  const crowd = ANSWERS_PER_CLOCK_LOOK * 2 + 1
+  const { afterTurn } = await answerCrowd(app, 'ds-crowd-one-turn', crowd)
+  t.notOk(afterTurn.some((after) => after), `all ${crowd} in one turn of the loop (the clock looked at twice)`)
+})
+
+t.test('a crowd of long-polls is answered a turn of the event loop at a time (answerTurnMs), the loop turning between', async (t) => {
+  const { app } = await serve(t)
+  // Every look at the clock finds the turn over.
+  app.events.answerTurnMs = 0
+  const crowd = ANSWERS_PER_CLOCK_LOOK * 2 + 50
+  const { pages, written, afterTurn } = await answerCrowd(app, 'ds-crowd', crowd)
   t.ok(pages.every((page) => page.events.length === 1 && page.events[0]!.id === written), 'every long-poll gets the event')
   // The hub's own turn comes first: before a turn of ours, one or two of its batches.
   const beforeTurn = afterTurn.filter((after) => !after).length
