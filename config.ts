@@ -1,5 +1,6 @@
 import { envSchema } from 'env-schema'
 import { Type, type Static } from 'typebox'
+import { Value } from 'typebox/value'
 import { MAX_PAGE_LIMIT } from './schemas/api.js'
 
 /**
@@ -42,7 +43,12 @@ export const ConfigSchema = Type.Object({
   STREAMS_SSE_MAX_MS: Type.Integer({ default: 60_000, minimum: 100, maximum: 3_600_000 }),
   REQUEST_TIMEOUT_MS: Type.Integer({ default: 30_000, minimum: 1000, maximum: 3_600_000 }),
   CONNECTION_TIMEOUT_MS: Type.Integer({ default: 120_000, minimum: 1000, maximum: 3_600_000 }),
-  API_TOKENS: Type.String({ default: '' }),
+  API_TOKENS: Type.String({ default: '', description: 'Static bearer tokens, comma-separated; authentication is on when this or AUTH_ISSUERS is set' }),
+  AUTH_ISSUERS: Type.String({ default: '', description: 'Identity providers whose JWTs are accepted: a JSON array of {issuer, audience, jwks_uri?, algorithms?, claims?, ui_client_id?} (docs/authentication.md)' }),
+  AUTH_CLOCK_TOLERANCE_S: Type.Integer({ default: 30, minimum: 0, maximum: 300, description: 'Clock skew allowed when checking a JWT\'s exp, nbf and iat' }),
+  AUTH_ALLOW_TOKEN_IN_URL: Type.Boolean({ default: false, description: 'Also accept a long-lived token as ?access_token= on the stream routes. Unsafe: URLs land in browser history, proxy logs and Referer headers; use stream tokens instead' }),
+  STREAM_TOKEN_TTL_S: Type.Integer({ default: 300, minimum: 10, maximum: 86_400, description: 'How long a stream token (GET /api/stream-token) opens streams' }),
+  STREAM_TOKEN_SECRET: Type.Optional(Type.String({ minLength: 32, description: 'The key that signs stream tokens, the same on every replica; absent: a random key the first migration stored in the database' })),
   CORS_ORIGINS: Type.String({ default: '' }),
   COMPRESS_MIN_BYTES: Type.Integer({ default: 1024, minimum: 0 }),
   MAX_EVENT_LOOP_DELAY_MS: Type.Integer({ default: 1000, minimum: 0 }),
@@ -82,7 +88,41 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   if (config.CONNECTION_TIMEOUT_MS <= config.SSE_KEEPALIVE_MS) {
     throw new ConfigError('invalid configuration: CONNECTION_TIMEOUT_MS must be greater than SSE_KEEPALIVE_MS, or idle event streams would be cut')
   }
+  issuersOf(config)
   return config
+}
+
+/** What AUTH_ISSUERS lists: an identity provider whose JWTs are accepted. */
+export const IssuerSchema = Type.Object({
+  issuer: Type.String({ pattern: '^https?://', description: 'The issuer identifier: the tokens\' `iss`, and where discovery is (/.well-known/openid-configuration) unless jwks_uri is given' }),
+  audience: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String({ minLength: 1 }), { minItems: 1 })], { description: 'The `aud` a token must name (one of them)' }),
+  jwks_uri: Type.Optional(Type.String({ pattern: '^https?://', description: 'Where the issuer\'s keys are, instead of discovery' })),
+  algorithms: Type.Optional(Type.Array(Type.Enum(['RS256', 'RS384', 'RS512', 'PS256', 'PS384', 'PS512', 'ES256', 'ES384', 'ES512', 'EdDSA']), { minItems: 1, description: 'The signature algorithms accepted; default RS256 and ES256' })),
+  claims: Type.Optional(Type.Record(Type.String({ minLength: 1 }), Type.Union([Type.String(), Type.Array(Type.String(), { minItems: 1 })]), { description: 'Claims a token must carry: each one equal to the value given, or to one of the values listed (a CI job\'s `repository`, `ref`)' })),
+  ui_client_id: Type.Optional(Type.String({ minLength: 1, description: 'The web UI signs in with this issuer, as this OAuth client (authorization code with PKCE)' }))
+}, { additionalProperties: false })
+export type IssuerConfig = Static<typeof IssuerSchema>
+
+/** AUTH_ISSUERS as the issuers it lists; throws a ConfigError naming what is wrong. */
+export function issuersOf (config: Pick<Config, 'AUTH_ISSUERS'>): IssuerConfig[] {
+  if (config.AUTH_ISSUERS.trim() === '') return []
+  let value: unknown
+  try {
+    value = JSON.parse(config.AUTH_ISSUERS)
+  } catch (err) {
+    throw new ConfigError(`invalid configuration: AUTH_ISSUERS is not JSON (${(err as Error).message})`)
+  }
+  const list = Array.isArray(value) ? value : [value]
+  list.forEach((item, index) => {
+    const error = Value.Errors(IssuerSchema, item)[0]
+    if (error !== undefined) throw new ConfigError(`invalid configuration: AUTH_ISSUERS[${index}]${error.instancePath} ${error.message}`)
+  })
+  return list as IssuerConfig[]
+}
+
+/** Whether requests to /api and /metrics need a token. */
+export function authenticationOn (config: Pick<Config, 'API_TOKENS' | 'AUTH_ISSUERS'>): boolean {
+  return listOf(config.API_TOKENS).length > 0 || config.AUTH_ISSUERS.trim() !== ''
 }
 
 const DURATION_UNIT_MS = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const

@@ -34,6 +34,23 @@ export class ApiError extends Error {
   }
 }
 
+/**
+ * A request without a credential this service accepts (docs/reference.md,
+ * "Authentication"). `challenge` is its WWW-Authenticate header (RFC 6750):
+ * `error="invalid_token"` and the reason when a token was presented.
+ */
+export class UnauthorizedError extends ApiError {
+  readonly challenge: string
+  constructor (message: string, tokenPresented: boolean) {
+    super('unauthorized', message)
+    // A quoted-string: the messages are plain words, but a quote or backslash must never end it early.
+    this.challenge = tokenPresented ? `Bearer realm="ocp-api", error="invalid_token", error_description="${message.replace(/["\\]/g, "'")}"` : 'Bearer realm="ocp-api"'
+  }
+}
+
+/** An identity provider that could not be reached to check a token: worth retrying. */
+export const identityProviderUnavailable = (issuer: string) => new ApiError('unavailable', `the identity provider ${issuer} could not be reached to check the token; try again shortly`)
+
 export const notFound = (what: string) => new ApiError('not_found', `${what} not found`)
 /** Load shedding (plugins/external/under-pressure.ts), and any 503 from the framework. */
 export const overloaded = new ApiError('unavailable', 'the service is overloaded, try again shortly')

@@ -11,6 +11,7 @@
  * of every package above, the one copy of the API they must share.
  */
 import type { FastifyPluginCallback } from 'fastify'
+import { URL_CREDENTIALS, withoutCredentials } from './plugins/app/auth/url-credentials.js'
 
 type Env = Record<string, string | undefined>
 
@@ -50,10 +51,14 @@ export async function startTracing (env: Env = process.env): Promise<Tracing | u
     import('@fastify/otel')
   ])
   // Spans for the request and its handler; the lifecycle hooks' spans would only add noise.
-  const fastify = new FastifyOtelInstrumentation({ instrumentHooks: false })
+  // A stream's URL may carry a credential (stream_token): its value never goes into a span.
+  const fastify = new FastifyOtelInstrumentation({
+    instrumentHooks: false,
+    requestHook: (span, request) => { span.setAttribute('url.path', withoutCredentials(request.url)) }
+  })
   const sdk = new NodeSDK({
     instrumentations: [
-      new HttpInstrumentation(),
+      new HttpInstrumentation({ redactedQueryParamsServer: URL_CREDENTIALS }),
       fastify,
       // Statements of requests only: the background polls and upkeep would
       // each start a trace; no span for taking a connection from the pool.

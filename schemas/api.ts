@@ -139,8 +139,48 @@ export const EventList = Type.Object({
   events: Type.Array(Type.Ref('Event'), { description: 'Ascending event_id' })
 }, { $id: 'EventList', additionalProperties: false })
 
+/** What a stream token opens: the filters it was asked for; none: every stream. */
+export const StreamScope = Type.Object({
+  run_id: Type.Optional(Type.String({ description: 'Only the streams of this run (its events, and its Durable Streams route)' })),
+  thread_id: Type.Optional(Type.String({ description: 'Only the streams of this thread' }))
+}, { $id: 'StreamScope', additionalProperties: false, description: 'A stream opens if every filter named here is the stream\'s own' })
+
+export const StreamToken = Type.Object({
+  token: Type.String({ description: 'Pass it as `stream_token` in the URL of /api/events/stream or a /api/streams route (or as a bearer token there)' }),
+  expires_at: Type.String({ format: 'date-time', description: 'After it the token opens no new stream; a stream already open stays open' }),
+  scope: Type.Ref('StreamScope')
+}, { $id: 'StreamToken', additionalProperties: false })
+
+export const SignIn = Type.Object({
+  issuer: Type.String(),
+  authorization_endpoint: Type.String(),
+  token_endpoint: Type.String(),
+  client_id: Type.String(),
+  scope: Type.String()
+}, { $id: 'SignIn', additionalProperties: false, description: 'The identity provider the web UI signs in with (authorization code with PKCE)' })
+
+export const AuthInfo = Type.Object({
+  required: Type.Boolean({ description: 'Whether /api routes need a token' }),
+  sign_in: Type.Union([Type.Ref('SignIn'), Type.Null()])
+}, { $id: 'AuthInfo', additionalProperties: false })
+
 /** The response wrappers, registered like the resources so documents name them. */
-export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope, EventList]
+export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope, EventList, StreamScope, StreamToken, SignIn, AuthInfo]
+
+/**
+ * The credentials a stream's URL may carry, for clients that cannot send
+ * headers (a browser EventSource). Never logged nor traced.
+ */
+const streamCredentials = {
+  stream_token: Type.Optional(Type.String({
+    description: 'A stream token (GET /api/stream-token) whose scope covers this stream; only when authentication is on',
+    [ACCEPTS]: 'stream_token must be one stream token, from GET /api/stream-token'
+  })),
+  access_token: Type.Optional(Type.String({
+    description: 'A long-lived bearer token in the URL: refused unless AUTH_ALLOW_TOKEN_IN_URL is set (URLs land in browser history, proxy logs and Referer headers); use stream_token',
+    [ACCEPTS]: 'access_token must be one bearer token'
+  }))
+}
 
 const eventFilters = {
   run_id: Type.Optional(Id('run_id', 'Only events of this run')),
@@ -150,13 +190,13 @@ const eventFilters = {
 export const StreamQuery = Type.Object({
   after_event_id: Type.Optional(AfterEventId),
   ...eventFilters,
-  access_token: Type.Optional(Type.String({
-    description: 'A bearer token, for clients that cannot send headers (a browser EventSource); only when API_TOKENS is set. Never logged.',
-    [ACCEPTS]: 'access_token must be one bearer token'
-  }))
+  ...streamCredentials
 })
 
 export const DEFAULT_EVENTS_LIMIT = 100
+
+/** The stream a stream token is for: the filters its streams will have (none: every stream). */
+export const StreamTokenQuery = Type.Object({ ...eventFilters })
 
 export const EventsQuery = Type.Object({
   after_event_id: Type.Optional(AfterEventId),
@@ -184,7 +224,8 @@ export const DurableStreamQuery = Type.Object({
     description: 'Absent: catch-up (a page, at once). `long-poll`: wait for events (at most STREAMS_LONG_POLL_MS). `sse`: a Server-Sent Events stream',
     [ACCEPTS]: 'live must be long-poll or sse'
   })),
-  cursor: Type.Optional(StreamCursorParam)
+  cursor: Type.Optional(StreamCursorParam),
+  ...streamCredentials
 })
 
 /** An error response: always the envelope; `description` says when it happens. */
@@ -193,7 +234,7 @@ export const errorResponse = (description: string) => Type.Ref('ErrorEnvelope', 
 /** The error responses every /api route can give, besides its own 404. */
 export const commonErrors = {
   400: errorResponse('`bad_request`: a malformed parameter or URL'),
-  401: errorResponse('`unauthorized`: a missing or unknown bearer token (only when API_TOKENS is set)'),
+  401: errorResponse('`unauthorized`: a missing, unknown, expired or refused token (only when authentication is on); WWW-Authenticate says why'),
   500: errorResponse('`internal`: an unexpected failure (a bug)'),
   503: errorResponse('`unavailable`: the database is unreachable or too slow, or the service is overloaded or shutting down')
 }

@@ -42,13 +42,17 @@ t.test('logs: one JSON line per request with its id; no token or authorization i
   await app.inject({ url: '/api/runs', headers: { 'x-request-id': 'req-1', authorization: 'Bearer sekret-token' } })
   await app.inject({ url: '/api/runs/nope', headers: { 'x-request-id': 'req-2', authorization: 'Bearer sekret-token' } })
   await app.inject({ url: '/api/events?access_token=sekret-token&limit=1', headers: { 'x-request-id': 'req-3' } })
+  const { token: streamToken } = (await app.inject({ url: '/api/stream-token', headers: { authorization: 'Bearer sekret-token' } })).json()
+  await app.inject({ method: 'HEAD', url: `/api/streams/events?stream_token=${streamToken}`, headers: { 'x-request-id': 'req-5' } })
   const requests = lines.filter((line) => line.msg === 'request')
-  t.same(requests.map((line) => line.reqId), ['req-1', 'req-2', 'req-3'], 'one line per request')
+  t.same(requests.map((line) => line.reqId).filter((id) => id !== undefined && id.startsWith('req-')), ['req-1', 'req-2', 'req-3', 'req-5'], 'one line per request')
   t.match(requests[0], { method: 'GET', url: '/api/runs', route: '/api/runs', statusCode: 200 })
   t.type(requests[0]!.responseTimeMs, 'number')
   t.equal(requests[1]!.statusCode, 404)
   t.equal(requests[2]!.url, '/api/events?access_token=[redacted]&limit=1')
+  t.equal(requests.find((line) => line.reqId === 'req-5')!.url, '/api/streams/events?stream_token=[redacted]')
   t.notMatch(raw.join('\n'), /sekret-token/, 'the token appears in no log line')
+  t.notOk(raw.join('\n').includes(streamToken.split('.')[2]), 'nor a stream token\'s signature')
   t.equal(lines.filter((line) => line.reqId === 'req-1').length, 1, 'nothing else is logged for a plain request')
 })
 
@@ -108,37 +112,44 @@ t.test('auth: off by default; with API_TOKENS, /api and /metrics need a bearer t
   const app = await build(t, { API_TOKENS: 'token-alpha, token-beta' })
   await app.listen({ port: 0, host: '127.0.0.1' })
   const { port } = app.server.address() as { port: number }
-  const unauthorized = { error: { code: 'unauthorized', message: 'a valid bearer token is required' } }
   for (const headers of [{}, { authorization: 'Bearer wrong' }, { authorization: 'Basic dG9rZW4tYWxwaGE=' }, { authorization: 'Bearer' }, { authorization: 'token-alpha' }]) {
     for (const url of ['/api/runs', '/api/runs/run-ops-0', '/api/events', '/metrics']) {
       const res = await app.inject({ url, headers })
       t.equal(res.statusCode, 401, `${url} ${JSON.stringify(headers)}`)
-      t.same(res.json(), unauthorized)
-      t.match(res.headers['www-authenticate'], /^Bearer/)
+      t.equal(res.json().error.code, 'unauthorized')
+      t.match(res.headers['www-authenticate'], 'authorization' in headers ? /^Bearer realm="ocp-api", error="invalid_token", error_description="[^"]+"$/ : /^Bearer realm="ocp-api"$/)
     }
   }
   for (const token of ['token-alpha', 'token-beta']) {
     t.equal((await app.inject({ url: '/api/runs', headers: { authorization: `Bearer ${token}` } })).statusCode, 200, token)
     t.equal((await app.inject({ url: '/metrics', headers: { authorization: `bearer ${token}` } })).statusCode, 200)
   }
-  for (const url of ['/health', '/ready', '/docs/', '/openapi.json']) {
+  for (const url of ['/health', '/ready', '/docs/', '/openapi.json', '/api/auth']) {
     t.equal((await app.inject(url)).statusCode, 200, `${url} stays open`)
   }
-  t.equal((await app.inject('/api/runs?access_token=token-alpha')).statusCode, 401, 'the query token is for the stream only')
+  t.equal((await app.inject('/api/runs?access_token=token-alpha')).statusCode, 401, 'a token in the URL opens no read')
 
   const base = `http://127.0.0.1:${port}`
   const refused = await openStream(base, '/api/events/stream')
   t.equal(refused.status, 401)
   await refused.ended
   const byQuery = await openStream(base, '/api/events/stream?access_token=token-beta')
-  t.equal(byQuery.status, 200, 'an EventSource passes its token in the query')
-  byQuery.close()
-  const badQuery = await openStream(base, '/api/events/stream?access_token=nope')
-  t.equal(badQuery.status, 401)
-  await badQuery.ended
+  t.equal(byQuery.status, 401, 'a long-lived token in a stream\'s URL is refused by default')
+  await byQuery.ended
   const byHeader = await openStream(base, '/api/events/stream', { authorization: 'Bearer token-alpha' })
   t.equal(byHeader.status, 200)
   byHeader.close()
+
+  const lenient = await build(t, { API_TOKENS: 'token-alpha', AUTH_ALLOW_TOKEN_IN_URL: true })
+  await lenient.listen({ port: 0, host: '127.0.0.1' })
+  const lenientBase = `http://127.0.0.1:${(lenient.server.address() as { port: number }).port}`
+  const allowed = await openStream(lenientBase, '/api/events/stream?access_token=token-alpha')
+  t.equal(allowed.status, 200, 'AUTH_ALLOW_TOKEN_IN_URL: the stream takes its token in the query')
+  allowed.close()
+  const badQuery = await openStream(lenientBase, '/api/events/stream?access_token=nope')
+  t.equal(badQuery.status, 401)
+  await badQuery.ended
+  t.equal((await lenient.inject('/api/runs?access_token=token-alpha')).statusCode, 401, 'and only the stream routes do')
 })
 
 t.test('CORS: off by default; an allowlisted origin gets its headers and the preflight', async (t) => {

@@ -10,6 +10,7 @@ import * as eventsCensusBySequenceLock from './0008_events_census_by_sequence_lo
 import * as eventsSettledByTheKeeper from './0009_events_settled_by_the_keeper.js'
 import * as eventsSettledExactly from './0010_events_settled_exactly.js'
 import * as eventsDrawnForReaders from './0011_events_drawn_for_readers.js'
+import * as streamTokenKey from './0012_stream_token_key.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -31,5 +32,6 @@ export const migrations: Record<string, Migration> = {
   '0008_events_census_by_sequence_lock': eventsCensusBySequenceLock,
   '0009_events_settled_by_the_keeper': eventsSettledByTheKeeper,
   '0010_events_settled_exactly': eventsSettledExactly,
-  '0011_events_drawn_for_readers': eventsDrawnForReaders
+  '0011_events_drawn_for_readers': eventsDrawnForReaders,
+  '0012_stream_token_key': streamTokenKey
 }

@@ -1,7 +1,7 @@
 import type { FastifyReply } from 'fastify'
 import fp from 'fastify-plugin'
 import { hash } from 'node:crypto'
-import { listOf } from '../../config.js'
+import { authenticationOn } from '../../config.js'
 
 /**
  * What a JSON read is, for caches (docs/reference.md, "HTTP caching"):
@@ -100,7 +100,7 @@ function addVary (reply: FastifyReply, name: string) {
  * (plugins/app/errors.ts).
  */
 export default fp(async function httpCachePlugin (app) {
-  const authEnabled = listOf(app.config.API_TOKENS).length > 0
+  const authEnabled = authenticationOn(app.config)
   const controls = cacheControls(authEnabled)
   // The last body sent, encoded and tagged: a crowd of long-polls answered
   // with the same page (the same string) costs one encoding and one hash.

@@ -2,6 +2,7 @@ import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { randomUUID } from 'node:crypto'
 import type { IncomingMessage } from 'node:http'
+import { withoutCredentials } from './auth/url-credentials.js'
 import type { Bindings, ChildLoggerOptions, Level, LevelWithSilentOrString, LogFn, Logger } from 'pino'
 
 /** An incoming X-Request-Id is honoured when it looks like an id; otherwise one is made. */
@@ -13,10 +14,8 @@ export function requestIdOf (request: IncomingMessage): string {
   return typeof header === 'string' && REQUEST_ID.test(header) ? header : randomUUID()
 }
 
-/** The URL as logged: a token given in the query (the stream's access_token) never reaches the logs. */
-export function loggableUrl (url: string): string {
-  return url.replace(/([?&]access_token=)[^&#]*/gi, '$1[redacted]')
-}
+/** The URL as logged: a token given in the query (a stream's stream_token or access_token) never reaches the logs. */
+export const loggableUrl = withoutCredentials
 
 /** How logs and metrics name the route of a request that matched none. */
 export const UNMATCHED = 'unmatched'

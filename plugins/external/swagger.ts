@@ -1,7 +1,7 @@
 import swagger from '@fastify/swagger'
 import swaggerUi from '@fastify/swagger-ui'
 import fp from 'fastify-plugin'
-import { listOf } from '../../config.js'
+import { authenticationOn } from '../../config.js'
 import pkg from '../../package.json' with { type: 'json' }
 
 /**
@@ -11,7 +11,7 @@ import pkg from '../../package.json' with { type: 'json' }
  * by their $id (Run, Task, ...).
  */
 export default fp(async function swaggerPlugin (app) {
-  const authEnabled = listOf(app.config.API_TOKENS).length > 0
+  const authEnabled = authenticationOn(app.config)
   await app.register(swagger, {
     openapi: {
       openapi: '3.0.3',
@@ -24,11 +24,13 @@ export default fp(async function swaggerPlugin (app) {
         { name: 'runs', description: 'Runs, their tasks and blocked tasks' },
         { name: 'threads', description: 'Threads and their messages' },
         { name: 'events', description: 'The event stream' },
+        { name: 'streams', description: 'The event log under the Durable Streams protocol' },
+        { name: 'auth', description: 'How to authenticate; stream tokens' },
         { name: 'operations', description: 'Health, readiness and metrics' }
       ],
       components: {
         securitySchemes: {
-          bearerToken: { type: 'http', scheme: 'bearer', description: 'One of API_TOKENS; required on /api and /metrics only when API_TOKENS is set. The stream also takes ?access_token=.' }
+          bearerToken: { type: 'http', scheme: 'bearer', description: 'One of API_TOKENS, or a JWT of an identity provider of AUTH_ISSUERS; required on /api (but /api/auth) and /metrics when authentication is on. The stream routes also take a stream token (GET /api/stream-token), here or as ?stream_token=.' }
         }
       },
       ...(authEnabled ? { security: [{ bearerToken: [] }] } : {})

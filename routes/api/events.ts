@@ -1,6 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
 import { listEvents, type EventFilter } from '../../db/events.js'
+import { queryScope } from '../../plugins/app/auth/stream-tokens.js'
 import { assertCursorKept } from '../../plugins/app/events/hub.js'
 import { AfterEventId, CACHE_CONTROL_DOCS, ConditionalHeaders, DEFAULT_EVENTS_LIMIT, eventCursorErrors, EventsQuery, notModified, parseEventCursor, parseLimit, readResponse, StreamHeaders, StreamQuery } from '../../schemas/api.js'
 
@@ -20,7 +21,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
 
   app.get('/events/stream', {
     sse: { kind: 'manual' },
-    config: { eventStream: () => true },
+    config: { eventStream: () => true, streamScope: (request) => queryScope(request.query) },
     schema: {
       operationId: 'streamEvents',
       tags: ['events'],

@@ -5,6 +5,7 @@ import { streamSubjectExists, type EventFilter, type StoredEvent } from '../../d
 import { ApiError, CursorBeyondError, invalidParameter, notFound, offsetBeyond } from '../../errors.js'
 import { durableSseFormat, encodeOffset, parseCursor, parseOffset, streamCursor } from '../../plugins/app/events/durable.js'
 import type { StreamPage } from '../../plugins/app/events/hub.js'
+import type { StreamScope } from '../../plugins/app/auth/stream-tokens.js'
 import { NO_STORE } from '../../plugins/app/http-cache.js'
 import { commonErrors, ConditionalHeaders, DurableStreamQuery, errorResponse, RunParams, StreamOffsetParam, ThreadParams } from '../../schemas/api.js'
 
@@ -30,7 +31,7 @@ const streamHeaders = {
   'stream-up-to-date': Type.String({ enum: ['true'], description: 'Present (`true`) when the answer reaches the head of the log' }),
   'stream-cursor': Type.String({ description: 'Live answers only: the interval cursor to echo as `cursor`' }),
   etag: Type.String({ description: 'Pages only (not offset=now, 204, SSE): a strong tag; If-None-Match with it answers 304' }),
-  'cache-control': Type.String({ description: 'Pages: `public, max-age=60, stale-while-revalidate=300` (`private` with API_TOKENS); `offset=now`, 204, HEAD: `no-store`; SSE: `no-cache`' })
+  'cache-control': Type.String({ description: 'Pages: `public, max-age=60, stale-while-revalidate=300` (`private` when authentication is on); `offset=now`, 204, HEAD: `no-store`; SSE: `no-cache`' })
 }
 
 const streamErrors = {
@@ -59,6 +60,9 @@ const STREAMS = [
   { url: '/streams/runs/:runID', name: 'Run', what: 'the events of one run', params: RunParams, filter: (params: { runID?: string }): EventFilter => ({ runId: params.runID! }) },
   { url: '/streams/threads/:threadID', name: 'Thread', what: 'the events of one thread', params: ThreadParams, filter: (params: { threadID?: string }): EventFilter => ({ threadId: params.threadID! }) }
 ] as const
+
+/** A stream's filter as the scope a stream token must cover. */
+const streamScope = (filter: EventFilter): StreamScope => ({ run_id: filter.runId, thread_id: filter.threadId })
 
 const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const hub = app.events
@@ -145,7 +149,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
       exposeHeadRoute: false,
       sse: { kind: 'manual' },
       // A transient refusal of an SSE read is answered as a retry, as on the event stream.
-      config: { eventStream: (request) => (request.query as { live?: string }).live === 'sse' },
+      config: { eventStream: (request) => (request.query as { live?: string }).live === 'sse', streamScope: (request) => streamScope(stream.filter(request.params as Record<string, string>)) },
       schema: {
         operationId: `readDurableStream${stream.name}`,
         tags: ['streams'],
@@ -159,6 +163,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     }, async (request, reply) => read(request.query, reply, stream.filter(request.params as Record<string, string>)))
 
     app.head(stream.url, {
+      config: { streamScope: (request) => streamScope(stream.filter(request.params as Record<string, string>)) },
       schema: {
         operationId: `headDurableStream${stream.name}`,
         tags: ['streams'],

@@ -1,0 +1,121 @@
+import type { FastifyRequest } from 'fastify'
+import fp from 'fastify-plugin'
+import { decodeJwt } from 'jose'
+import { sql } from 'kysely'
+import { authenticationOn, issuersOf, listOf } from '../../../config.js'
+import { UnauthorizedError } from '../../../errors.js'
+import { JwtIssuers, type JwtIdentity } from './jwt-issuers.js'
+import { StaticTokens } from './static-tokens.js'
+import { scopeCovers, STREAM_TOKEN_ISSUER, StreamTokens, type StreamScope } from './stream-tokens.js'
+
+/** Who a request proved to be, when authentication is on. */
+export type Principal =
+  | { kind: 'static' }
+  | ({ kind: 'jwt' } & JwtIdentity)
+  | { kind: 'stream', scope: StreamScope }
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** Signs the stream tokens of GET /api/stream-token. */
+    streamTokens: StreamTokens
+    /** The identity providers whose tokens are accepted (AUTH_ISSUERS). */
+    jwtIssuers: JwtIssuers
+  }
+  interface FastifyRequest {
+    /** Who the request proved to be; undefined when authentication is off, or the route is open. */
+    principal: Principal | undefined
+  }
+  interface FastifyContextConfig {
+    /**
+     * A stream route's filters, as a stream token's scope must cover them:
+     * such a route takes a stream token (`stream_token`, or the header).
+     */
+    streamScope?: (request: FastifyRequest) => StreamScope
+    /** Open even when authentication is on (GET /api/auth: how to sign in). */
+    public?: boolean
+  }
+}
+
+const isProtected = (request: FastifyRequest) => {
+  const route = request.routeOptions.url
+  return route !== undefined && (route.startsWith('/api/') || route === '/metrics') && request.routeOptions.config.public !== true
+}
+
+/** A query parameter given once, as a string; twice or more is no credential. */
+function queryValue (request: FastifyRequest, name: string): string | undefined {
+  const value = (request.query as Record<string, unknown> | undefined)?.[name]
+  return typeof value === 'string' && value !== '' ? value : undefined
+}
+
+/**
+ * Authentication, off unless API_TOKENS or AUTH_ISSUERS is set. Then every
+ * /api route (but GET /api/auth) and /metrics need a token in the
+ * Authorization header: one of API_TOKENS, or a JWT of an identity
+ * provider of AUTH_ISSUERS. The stream routes also take a stream token
+ * (GET /api/stream-token) whose scope covers them, in the header or as
+ * `stream_token` in the URL; a long-lived token in a URL (`access_token`)
+ * is refused unless AUTH_ALLOW_TOKEN_IN_URL says otherwise. /health,
+ * /ready, the docs and the UI's files stay open. docs/authentication.md.
+ */
+export default fp(async function authPlugin (app) {
+  const config = app.config
+  const staticTokens = new StaticTokens(listOf(config.API_TOKENS))
+  const issuers = new JwtIssuers(issuersOf(config), config.AUTH_CLOCK_TOLERANCE_S)
+  const secret = config.STREAM_TOKEN_SECRET
+  const streamTokens = new StreamTokens(
+    async () => secret ?? (await sql<{ secret: string }>`select stream_token_key() as secret`.execute(app.db)).rows[0]!.secret,
+    config.STREAM_TOKEN_TTL_S,
+    config.AUTH_CLOCK_TOLERANCE_S
+  )
+  app.decorate('streamTokens', streamTokens)
+  app.decorate('jwtIssuers', issuers)
+  app.decorateRequest('principal', undefined)
+  if (!authenticationOn(config)) return
+  issuers.warmUp()
+
+  async function authenticate (request: FastifyRequest): Promise<Principal> {
+    const streamScope = request.routeOptions.config.streamScope
+    const header = request.headers.authorization
+    let token: string | undefined
+    let fromStreamParameter = false
+    if (header !== undefined) {
+      token = /^Bearer[ ]+(\S+)\s*$/i.exec(header)?.[1]
+      if (token === undefined) throw new UnauthorizedError('the Authorization header must be Bearer and a token', true)
+    } else if (streamScope !== undefined && (token = queryValue(request, 'stream_token')) !== undefined) {
+      fromStreamParameter = true
+    } else if (streamScope !== undefined && (token = queryValue(request, 'access_token')) !== undefined) {
+      if (!config.AUTH_ALLOW_TOKEN_IN_URL) {
+        throw new UnauthorizedError('a long-lived token in the URL (access_token) is refused: send it in the Authorization header, or open the stream with a stream token (GET /api/stream-token) as stream_token', true)
+      }
+    } else {
+      throw new UnauthorizedError('a bearer token is required', false)
+    }
+    if (!fromStreamParameter && staticTokens.matches(token)) return { kind: 'static' }
+    let iss: unknown
+    try {
+      iss = decodeJwt(token).iss
+    } catch {
+      throw new UnauthorizedError(fromStreamParameter ? 'stream_token is not a stream token (get one from GET /api/stream-token)' : 'the token is not one this service accepts', true)
+    }
+    if (iss === STREAM_TOKEN_ISSUER) {
+      if (streamScope === undefined) throw new UnauthorizedError('a stream token opens only the stream routes it was made for', true)
+      const scope = await streamTokens.verify(token)
+      if (!scopeCovers(scope, streamScope(request))) throw new UnauthorizedError('the stream token is for another stream', true)
+      return { kind: 'stream', scope }
+    }
+    if (fromStreamParameter) throw new UnauthorizedError('stream_token is not a stream token (get one from GET /api/stream-token)', true)
+    if (typeof iss !== 'string' || !issuers.has(iss)) throw new UnauthorizedError('the token\'s issuer is not accepted', true)
+    return { kind: 'jwt', ...await issuers.verify(token, iss) }
+  }
+
+  app.addHook('onRequest', async (request, reply) => {
+    // A CORS preflight carries no credentials by design.
+    if (request.method === 'OPTIONS' || !isProtected(request)) return
+    try {
+      request.principal = await authenticate(request)
+    } catch (error) {
+      if (error instanceof UnauthorizedError) reply.header('www-authenticate', error.challenge)
+      throw error
+    }
+  })
+}, { name: 'auth', dependencies: ['db'], decorators: { fastify: ['config'] } })

@@ -1,0 +1,174 @@
+import { createRemoteJWKSet, errors, jwtVerify, type JWTPayload } from 'jose'
+import type { IssuerConfig } from '../../../config.js'
+import { identityProviderUnavailable, UnauthorizedError } from '../../../errors.js'
+
+/** What a caller proved with an identity provider's token. */
+export interface JwtIdentity {
+  issuer: string
+  subject: string | undefined
+  /** When the token stops being accepted (seconds since the epoch). */
+  expires: number
+}
+
+/** The algorithms accepted when an issuer's entry names none: the two every provider offers. */
+const DEFAULT_ALGORITHMS = ['RS256', 'ES256']
+/** How long a request waits on the provider for its discovery document or keys. */
+const FETCH_TIMEOUT_MS = 5000
+/** The least time between two fetches of an issuer's keys for a key id it did not list (jose's cooldown). */
+const JWKS_COOLDOWN_MS = 30_000
+/** Keys are fetched again after this long even if every token's key id is known (a removed key stops verifying). */
+const JWKS_MAX_AGE_MS = 10 * 60_000
+/** After a failed discovery, the next request tries again only this much later (the provider is not hammered). */
+const DISCOVERY_RETRY_MS = 10_000
+/** Tokens verified and kept, so that a client's every request does not check a signature again. */
+const MAX_VERIFIED = 10_000
+
+interface Discovery { jwks_uri: string, authorization_endpoint?: string, token_endpoint?: string }
+
+/** One configured identity provider: its discovery, its keys (kept and refreshed by jose), its rules. */
+class Issuer {
+  private discovery: { promise: Promise<Discovery>, failedAt?: number } | undefined
+  private keys: ReturnType<typeof createRemoteJWKSet> | undefined
+  readonly audience: string[]
+  readonly algorithms: string[]
+
+  constructor (readonly config: IssuerConfig, private readonly jwksCooldownMs: number) {
+    this.audience = Array.isArray(config.audience) ? config.audience : [config.audience]
+    this.algorithms = config.algorithms ?? DEFAULT_ALGORITHMS
+  }
+
+  /** The discovery document (or jwks_uri alone when configured), fetched once, again after a failure. */
+  discover (): Promise<Discovery> {
+    const { config } = this
+    if (this.discovery?.failedAt !== undefined && Date.now() - this.discovery.failedAt >= DISCOVERY_RETRY_MS) this.discovery = undefined
+    if (this.discovery === undefined) {
+      const current: { promise: Promise<Discovery>, failedAt?: number } = {
+        promise: config.jwks_uri !== undefined && config.ui_client_id === undefined
+          ? Promise.resolve({ jwks_uri: config.jwks_uri })
+          : fetchDiscovery(config.issuer).then((document) => ({ ...document, jwks_uri: config.jwks_uri ?? document.jwks_uri }))
+      }
+      current.promise.catch(() => { current.failedAt = Date.now() })
+      this.discovery = current
+    }
+    return this.discovery.promise
+  }
+
+  async keySet (): Promise<ReturnType<typeof createRemoteJWKSet>> {
+    if (this.keys === undefined) {
+      const { jwks_uri: jwksUri } = await this.discover()
+      this.keys ??= createRemoteJWKSet(new URL(jwksUri), { timeoutDuration: FETCH_TIMEOUT_MS, cooldownDuration: this.jwksCooldownMs, cacheMaxAge: JWKS_MAX_AGE_MS })
+    }
+    return this.keys
+  }
+}
+
+async function fetchDiscovery (issuer: string): Promise<Discovery> {
+  const url = `${issuer.replace(/\/+$/, '')}/.well-known/openid-configuration`
+  const response = await fetch(url, { signal: AbortSignal.timeout(FETCH_TIMEOUT_MS), headers: { accept: 'application/json' } })
+  if (!response.ok) throw new Error(`${url} answered ${response.status}`)
+  const document = await response.json() as Record<string, unknown>
+  // OpenID Connect Discovery 1.0, section 4.3: the document must name the issuer it was fetched for.
+  if (document.issuer !== issuer) throw new Error(`${url} names the issuer ${String(document.issuer)}`)
+  if (typeof document.jwks_uri !== 'string') throw new Error(`${url} names no jwks_uri`)
+  return document as unknown as Discovery
+}
+
+/** Why jose refused a token, in the words a client reads. */
+function refusal (error: unknown): UnauthorizedError | undefined {
+  if (error instanceof errors.JWTExpired) return new UnauthorizedError('the token has expired', true)
+  if (error instanceof errors.JWTClaimValidationFailed) {
+    const what: Record<string, string> = { aud: 'the token\'s audience is not accepted', nbf: 'the token is not valid yet', iat: 'the token was issued in the future', exp: 'the token has no expiry' }
+    return new UnauthorizedError(what[error.claim] ?? `the token's ${error.claim} claim is not accepted`, true)
+  }
+  if (error instanceof errors.JOSEAlgNotAllowed) return new UnauthorizedError('the token\'s signature algorithm is not accepted', true)
+  if (error instanceof errors.JWKSNoMatchingKey) return new UnauthorizedError('the token is signed with a key its issuer does not publish', true)
+  if (error instanceof errors.JWSSignatureVerificationFailed) return new UnauthorizedError('the token\'s signature does not verify', true)
+  if (error instanceof errors.JWSInvalid || error instanceof errors.JWTInvalid || error instanceof errors.JOSENotSupported || error instanceof errors.JWKSMultipleMatchingKeys) {
+    return new UnauthorizedError('the token is malformed', true)
+  }
+  return undefined
+}
+
+/**
+ * AUTH_ISSUERS: JWTs from identity providers, verified with jose. An
+ * issuer's keys come from its JWKS (by discovery, or its jwks_uri), kept
+ * and refetched by jose on an unknown key id (at most once every 30 s) and
+ * every 10 minutes; exp, nbf, iss and aud are enforced with
+ * AUTH_CLOCK_TOLERANCE_S of skew; an issuer's `claims` must all match.
+ * A verified token is remembered until it expires (at most 10,000), so a
+ * client's next requests cost a lookup rather than a signature check.
+ */
+export class JwtIssuers {
+  private readonly issuers: Map<string, Issuer>
+  private readonly verified = new Map<string, JwtIdentity>()
+
+  /** `jwksCooldownMs`: the least time between two fetches of an issuer's keys (tests shorten it). */
+  constructor (configs: IssuerConfig[], private readonly clockToleranceSeconds: number, jwksCooldownMs = JWKS_COOLDOWN_MS) {
+    this.issuers = new Map(configs.map((config) => [config.issuer, new Issuer(config, jwksCooldownMs)]))
+  }
+
+  get size (): number {
+    return this.issuers.size
+  }
+
+  has (issuer: string): boolean {
+    return this.issuers.has(issuer)
+  }
+
+  /** Starts every issuer's discovery, so that the first token does not wait for it (a failure is retried by that token). */
+  warmUp (): void {
+    for (const issuer of this.issuers.values()) issuer.discover().catch(() => {})
+  }
+
+  /** The identity a token of `iss` proves; an UnauthorizedError or a 503 (provider unreachable) otherwise. */
+  async verify (token: string, iss: string): Promise<JwtIdentity> {
+    const now = Date.now() / 1000
+    const kept = this.verified.get(token)
+    if (kept !== undefined) {
+      if (kept.expires + this.clockToleranceSeconds > now) return kept
+      this.verified.delete(token)
+      throw new UnauthorizedError('the token has expired', true)
+    }
+    const issuer = this.issuers.get(iss)!
+    let payload: JWTPayload
+    try {
+      const keys = await issuer.keySet()
+      payload = (await jwtVerify(token, keys, {
+        issuer: iss,
+        audience: issuer.audience,
+        algorithms: issuer.algorithms,
+        requiredClaims: ['exp'],
+        clockTolerance: this.clockToleranceSeconds
+      })).payload
+    } catch (error) {
+      const refused = refusal(error)
+      if (refused !== undefined) throw refused
+      // The keys or the discovery could not be fetched: nothing says the token is bad.
+      throw identityProviderUnavailable(iss)
+    }
+    for (const [claim, allowed] of Object.entries(issuer.config.claims ?? {})) {
+      const value = payload[claim]
+      if (typeof value !== 'string' || !(Array.isArray(allowed) ? allowed.includes(value) : allowed === value)) {
+        throw new UnauthorizedError(`the token's ${claim} claim is not one this service accepts`, true)
+      }
+    }
+    const identity: JwtIdentity = { issuer: iss, subject: payload.sub, expires: payload.exp! }
+    if (this.verified.size >= MAX_VERIFIED) this.verified.delete(this.verified.keys().next().value!)
+    this.verified.set(token, identity)
+    return identity
+  }
+
+  /** The issuer the web UI signs in with (the first with a ui_client_id), its endpoints from discovery. */
+  async signIn (): Promise<{ issuer: string, authorization_endpoint: string, token_endpoint: string, client_id: string, scope: string } | null> {
+    const issuer = [...this.issuers.values()].find((candidate) => candidate.config.ui_client_id !== undefined)
+    if (issuer === undefined) return null
+    let document: Discovery
+    try {
+      document = await issuer.discover()
+    } catch {
+      throw identityProviderUnavailable(issuer.config.issuer)
+    }
+    if (document.authorization_endpoint === undefined || document.token_endpoint === undefined) return null
+    return { issuer: issuer.config.issuer, authorization_endpoint: document.authorization_endpoint, token_endpoint: document.token_endpoint, client_id: issuer.config.ui_client_id!, scope: 'openid' }
+  }
+}
