@@ -20,16 +20,20 @@ t.test('only the OTEL_* variables turn tracing on', async (t) => {
   t.equal(await startTracing({}), undefined, 'off: nothing is started (nor loaded)')
 })
 
+const URL_SECRET = 'eyJ-a-stream-token-signature-that-must-never-leak'
+
 interface Span { traceId: string, spanId: string, parentSpanId?: string, name: string, kind: number, scope: string }
 
 /** An OTLP/HTTP collector accepting JSON: the spans it received. */
 async function collector (t: Test) {
   const spans: Span[] = []
+  const bodies: string[] = []
   const contentTypes = new Set<string>()
   const server = createServer((request, response) => {
     let body = ''
     request.on('data', (chunk) => { body += chunk })
     request.on('end', () => {
+      bodies.push(body)
       contentTypes.add(String(request.headers['content-type']))
       for (const resource of JSON.parse(body).resourceSpans ?? []) {
         for (const scoped of resource.scopeSpans) {
@@ -41,11 +45,11 @@ async function collector (t: Test) {
   })
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
   t.teardown(() => { server.close() })
-  return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, spans, contentTypes }
+  return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, spans, bodies, contentTypes }
 }
 
 t.test('tracing on: a span per request continuing traceparent, named by route; one per statement; one for a stream\'s setup; the trace id in the log line', async (t) => {
-  const { url: collectorUrl, spans, contentTypes } = await collector(t)
+  const { url: collectorUrl, spans, bodies, contentTypes } = await collector(t)
   const incomingTrace = '0af7651916cd43dd8448eb211c80319c'
   const incomingParent = 'b7ad6b7169203331'
   let streamed = 0
@@ -69,7 +73,9 @@ t.test('tracing on: a span per request continuing traceparent, named by route; o
       const res = await fetch(`${base}/api/runs/missing-run`, { headers: { traceparent: `00-${incomingTrace}-${incomingParent}-01` } })
       t.equal(res.status, 404)
       const [first] = await insertEvents({ event_type: 'before' })
-      const stream = await openStream(base, `/api/events/stream?after_event_id=${first! - 1}`)
+      // A credential in a stream's URL (here ignored: authentication is off) must reach no span.
+      const stream = await openStream(base, `/api/events/stream?after_event_id=${first! - 1}&stream_token=${URL_SECRET}`)
+      await (await fetch(`${base}/api/streams/events?offset=-1&access_token=${URL_SECRET}`)).text()
       const written = await insertEvents(...Array.from({ length: 20 }, () => ({ event_type: 'streamed' })))
       await stream.waitFor((s) => s.events().length === written.length + 1)
       streamed = stream.events().length
@@ -102,6 +108,10 @@ t.test('tracing on: a span per request continuing traceparent, named by route; o
   const streamTrace = spans.filter((span) => span.traceId === streamSpan?.traceId)
   t.equal(streamTrace.filter((span) => span.name.startsWith('handler')).length, 1, 'one span for the stream\'s setup')
   t.ok(streamTrace.length < 10, `${streamTrace.length} spans for a stream of ${streamed} events: none per event`)
+
+  t.ok(bodies.join('').includes('stream_token=REDACTED') || bodies.join('').includes('stream_token=[redacted]'), 'the span keeps the parameter\'s name')
+  t.notOk(bodies.join('').includes(URL_SECRET), 'and no span carries its value')
+  t.notOk(outcome.stdout.includes(URL_SECRET), 'nor any log line')
 
   const logLine = outcome.stdout.split('\n').filter((line) => line.includes('"msg":"request"')).map((line) => JSON.parse(line))
     .find((line) => line.url === '/api/runs/missing-run')
