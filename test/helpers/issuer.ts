@@ -1,7 +1,6 @@
 import { exportJWK, generateKeyPair, SignJWT, type CryptoKey, type JWK, type JWTPayload } from 'jose'
 import { randomBytes } from 'node:crypto'
 import { createServer, type IncomingMessage } from 'node:http'
-import type { Test } from 'tap'
 
 /**
  * A local OpenID Connect issuer for the tests (no network): discovery, a
@@ -50,7 +49,8 @@ async function body (request: IncomingMessage): Promise<string> {
   return text
 }
 
-export async function startIssuer (t: Test, options: { path?: string } = {}): Promise<TestIssuer> {
+/** `t`: what closes the issuer when done (a tap Test; a benchmark passes its own). */
+export async function startIssuer (t: { teardown: (fn: () => void) => void }, options: { path?: string } = {}): Promise<TestIssuer> {
   let keys = [await newKey()]
   let fetches = 0
   const codes = new Map<string, { challenge: string, clientId: string, redirect: string, nonce: string | null }>()
