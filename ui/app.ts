@@ -2,12 +2,14 @@
  * The reference client of the API, on ocp-api-client: a runs list (status
  * filter, paging), a run detail, a thread timeline and the latest activity,
  * each kept live by the client's list-then-watch (it refetches what it shows
- * on events and starts over by itself on 410 cursor_expired). This file only
- * draws.
+ * on events and starts over by itself on 410 cursor_expired). This file
+ * draws, and signs in when the service needs a token (the end of the file).
  */
-import { createClient, CursorExpired, type Artifact, type Event, type Live, type RunDetailEnvelope, type RunList, type StreamStatus, type ThreadDetailEnvelope } from '../client/src/index.js'
+import { ApiError, createClient, CursorExpired, type Artifact, type AuthInfo, type Event, type Live, type RunDetailEnvelope, type RunList, type SignIn, type StreamStatus, type ThreadDetailEnvelope } from '../client/src/index.js'
 
-const client = createClient({ url: location.origin })
+// Streams open with a stream token scoped to what they show (when the page holds a token at all): the token the
+// user signed in with never goes in a URL.
+const client = createClient({ url: location.origin, streamTokens: true })
 
 // ---- DOM helpers: text only, never HTML from data ---------------------------
 
@@ -218,6 +220,10 @@ function mountActivity (main: HTMLElement, onStatus: (status: StreamStatus) => v
         for await (const event of client.watch({}, { after: Math.max(after, recent.eventCursor ?? 0), signal, onStatus })) show([event])
       } catch (error) {
         if (signal.aborted) return
+        if (error instanceof ApiError && error.status === 401) {
+          refused(error)
+          return
+        }
         if (!(error instanceof CursorExpired)) {
           main.querySelector('.error')?.remove()
           main.append(h('p', { class: 'error' }, (error as Error).message))
@@ -246,7 +252,11 @@ function showLive (status: StreamStatus | { state: 'down', text: string }) {
 function mount (hash: string): Live {
   const main = document.getElementById('app')!
   const onStatus = (status: StreamStatus) => showLive(status)
-  const onError = (error: { detail: string }) => {
+  const onError = (error: ApiError) => {
+    if (error.status === 401) {
+      refused(error)
+      return
+    }
     main.replaceChildren(h('p', { class: 'crumbs' }, h('a', { href: '#/' }, '← All runs')), h('h1', {}, document.title.split(' · ')[0]!), h('p', { class: 'error' }, error.detail))
   }
   // Each new snapshot (or event, on the activity page) is drawn at once; the indicator says when it was read.
@@ -277,6 +287,7 @@ function mount (hash: string): Live {
 let current: Live | undefined
 function route () {
   current?.close()
+  if (signedOut) return
   showLive({ state: 'connecting' })
   const main = document.getElementById('app')!
   const page = mount(location.hash)
@@ -285,4 +296,186 @@ function route () {
   main.focus({ preventScroll: true })
 }
 window.addEventListener('hashchange', route)
-route()
+
+// ---- signing in: only when the service needs a token (GET /api/auth) ------
+
+/** The token, for this tab's session only: gone when the tab closes, or on "Sign out". */
+const TOKEN_KEY = 'ocp-api.token'
+/** The sign-in under way with the identity provider: what checks and completes its answer. */
+const SIGN_IN_KEY = 'ocp-api.sign-in'
+
+interface PendingSignIn { verifier: string, state: string, nonce: string, tokenEndpoint: string, clientId: string, redirectUri: string, hash: string }
+
+/** What the service said of authentication; the sign-in page needs it. */
+let authInfo: AuthInfo = { required: false, sign_in: null }
+/** The sign-in page is shown: no page is mounted, none reads. */
+let signedOut = false
+
+const base64url = (bytes: Uint8Array) => btoa(String.fromCharCode(...bytes)).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '')
+const randomText = () => base64url(crypto.getRandomValues(new Uint8Array(32)))
+
+/** A JWT's claims, unchecked (the service checks the signature; this only names who signed in); undefined for a static token. */
+function claimsOf (token: string): Record<string, unknown> | undefined {
+  const [, payload] = token.split('.')
+  if (payload === undefined) return undefined
+  try {
+    const text = atob(payload.replace(/-/g, '+').replace(/_/g, '/'))
+    const claims: unknown = JSON.parse(new TextDecoder().decode(Uint8Array.from(text, (char) => char.charCodeAt(0))))
+    return typeof claims === 'object' && claims !== null ? claims as Record<string, unknown> : undefined
+  } catch {
+    return undefined
+  }
+}
+
+/** The header's "who, and Sign out", while signed in to a service that needs a token. */
+const account = h('div', { class: 'account' })
+function showAccount (token: string | undefined) {
+  if (token === undefined) {
+    account.remove()
+    return
+  }
+  const claims = claimsOf(token)
+  const who = [claims?.email, claims?.preferred_username, claims?.sub].find((value) => typeof value === 'string' && value !== '') as string | undefined
+  const button = h('button', { type: 'button', class: 'sign-out' }, 'Sign out')
+  button.addEventListener('click', () => signOut())
+  account.replaceChildren(h('span', { class: 'who' }, who === undefined ? 'Signed in with a token' : `Signed in as ${who}`), ' ', button)
+  document.querySelector('header.top')!.append(account)
+}
+
+/** Shows the pages, reading with `token` (none when the service needs none). */
+function signIn (token: string | undefined) {
+  signedOut = false
+  client.setToken(token)
+  showAccount(token)
+  route()
+}
+
+/** Forgets the token and shows the sign-in page, saying `message` (why) when given. */
+function signOut (message?: string) {
+  signedOut = true
+  current?.close()
+  current = undefined
+  sessionStorage.removeItem(TOKEN_KEY)
+  client.setToken(undefined)
+  showAccount(undefined)
+  showSignInPage(message)
+}
+
+/** A read or a stream refused the token (401): back to the sign-in page, saying the service's reason. */
+function refused (error: ApiError) {
+  if (signedOut) return
+  void (async () => {
+    // Authentication was off when the page loaded, or /api/auth was out of reach: what it says now, for the page.
+    if (!authInfo.required) authInfo = await client.auth().catch(() => ({ required: true, sign_in: null }))
+    signOut(`Your token was refused: ${error.detail.replace(/\.$/, '')}. Sign in again.`)
+  })()
+}
+
+function showSignInPage (message?: string) {
+  const main = document.getElementById('app')!
+  document.title = 'Sign in · Control plane'
+  live.textContent = 'Not signed in'
+  live.className = 'live'
+  const input = h('input', { id: 'token', name: 'token', type: 'password', autocomplete: 'off', spellcheck: 'false', required: '' }) as HTMLInputElement
+  const form = h('form', { class: 'sign-in-token' },
+    h('label', { for: 'token' }, 'API token or identity-provider token (JWT)'),
+    h('div', { class: 'row' }, input, ' ', h('button', { type: 'submit' }, 'Sign in')))
+  form.addEventListener('submit', (event) => {
+    event.preventDefault()
+    const token = input.value.trim()
+    if (token === '') return
+    sessionStorage.setItem(TOKEN_KEY, token)
+    signIn(token)
+  })
+  const provider = authInfo.sign_in
+  let providerPart: HTMLElement | null = null
+  if (provider !== null) {
+    const button = h('button', { type: 'button', class: 'sign-in-provider' }, `Sign in with ${new URL(provider.issuer).host}`)
+    button.addEventListener('click', () => {
+      beginProviderSignIn(provider).catch((error: unknown) => showSignInPage(`Signing in failed: ${(error as Error).message}`))
+    })
+    providerPart = h('div', { class: 'provider' }, button, h('p', { class: 'legend' }, 'Or paste a token:'))
+  }
+  main.replaceChildren(h('section', { class: 'sign-in', 'aria-labelledby': 'sign-in-title' },
+    h('h1', { id: 'sign-in-title' }, 'Sign in'),
+    message === undefined ? null : h('p', { class: 'error', role: 'alert' }, message),
+    h('p', {}, 'This service needs a token to show its runs.'),
+    providerPart,
+    form,
+    h('p', { class: 'legend' }, 'The token is kept in this tab only, until you sign out or close it.')))
+  if (provider === null || message !== undefined) input.focus()
+}
+
+/** To the identity provider's sign-in (authorization code with PKCE, S256); it sends the browser back here with a code. */
+async function beginProviderSignIn (provider: SignIn) {
+  // crypto.subtle exists only on a secure page: https, or this machine.
+  if (globalThis.crypto?.subtle === undefined) throw new Error('signing in with an identity provider needs the page served over https')
+  const pending: PendingSignIn = {
+    verifier: randomText(),
+    state: randomText(),
+    nonce: randomText(),
+    tokenEndpoint: provider.token_endpoint,
+    clientId: provider.client_id,
+    redirectUri: location.origin + location.pathname,
+    hash: location.hash
+  }
+  const challenge = base64url(new Uint8Array(await crypto.subtle.digest('SHA-256', new TextEncoder().encode(pending.verifier))))
+  sessionStorage.setItem(SIGN_IN_KEY, JSON.stringify(pending))
+  const target = new URL(provider.authorization_endpoint)
+  const params = { response_type: 'code', client_id: provider.client_id, redirect_uri: pending.redirectUri, scope: provider.scope, state: pending.state, code_challenge: challenge, code_challenge_method: 'S256', nonce: pending.nonce }
+  for (const [name, value] of Object.entries(params)) target.searchParams.set(name, value)
+  location.assign(target.href)
+}
+
+/**
+ * The identity provider's answer, when this load is one (?code=&state=, or
+ * ?error=): checks it against the sign-in this tab started, trades the code
+ * for tokens, and returns the ID token. The address loses the answer
+ * either way. Undefined when this load is not an answer.
+ */
+async function finishProviderSignIn (): Promise<string | undefined> {
+  const answer = new URLSearchParams(location.search)
+  if (!answer.has('code') && !answer.has('error')) return undefined
+  const kept = sessionStorage.getItem(SIGN_IN_KEY)
+  sessionStorage.removeItem(SIGN_IN_KEY)
+  const pending = kept === null ? undefined : JSON.parse(kept) as PendingSignIn
+  history.replaceState(null, '', `${location.pathname}${pending?.hash ?? location.hash}`)
+  if (pending === undefined || answer.get('state') !== pending.state) throw new Error('the identity provider\'s answer is not for a sign-in this tab started')
+  if (answer.has('error')) throw new Error(`the identity provider said: ${answer.get('error_description') || answer.get('error')}`)
+  let response: Response
+  try {
+    response = await fetch(pending.tokenEndpoint, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' },
+      body: new URLSearchParams({ grant_type: 'authorization_code', code: answer.get('code')!, redirect_uri: pending.redirectUri, client_id: pending.clientId, code_verifier: pending.verifier })
+    })
+  } catch {
+    throw new Error('the identity provider could not be reached')
+  }
+  const tokens = await response.json().catch(() => ({})) as { id_token?: unknown, error?: unknown, error_description?: unknown }
+  if (!response.ok || typeof tokens.id_token !== 'string') {
+    throw new Error(`the identity provider gave no token (${String(tokens.error_description ?? tokens.error ?? `HTTP ${response.status}`)})`)
+  }
+  if (claimsOf(tokens.id_token)?.nonce !== pending.nonce) throw new Error('the identity provider\'s token is not for this sign-in (its nonce)')
+  return tokens.id_token
+}
+
+async function start () {
+  let failure: string | undefined
+  try {
+    const token = await finishProviderSignIn()
+    if (token !== undefined) sessionStorage.setItem(TOKEN_KEY, token)
+  } catch (error) {
+    failure = `Signing in failed: ${(error as Error).message}.`
+  }
+  // Out of reach, or a service from before authentication: go on without; a refusal brings the sign-in page later.
+  authInfo = await client.auth().catch(() => authInfo)
+  if (!authInfo.required) {
+    signIn(undefined)
+    return
+  }
+  const token = sessionStorage.getItem(TOKEN_KEY)
+  if (token === null || failure !== undefined) signOut(failure)
+  else signIn(token)
+}
+void start()

@@ -19,8 +19,11 @@ const comment = (text: string | undefined, indent: string) => text === undefined
 function typeOf (schema: Schema, indent: string): string {
   if (typeof schema.$ref === 'string') return schema.$ref
   if ('const' in schema) return JSON.stringify(schema.const)
+  if (Array.isArray(schema.anyOf)) return schema.anyOf.map((member: Schema) => typeOf(member, indent)).join(' | ')
   switch (schema.type) {
     case 'string': return 'string'
+    case 'boolean': return 'boolean'
+    case 'null': return 'null'
     case 'integer':
     case 'number': return 'number'
     case 'array': return `Array<${typeOf(schema.items, indent)}>`

@@ -1,12 +1,21 @@
 import { ApiError, CursorExpired, errorFromResponse, networkError } from './errors.js'
 import { readSse } from './sse.js'
-import type { BlockedTaskList, Event, EventList, RunDetailEnvelope, RunList, TaskList, ThreadDetailEnvelope } from './types.js'
+import type { AuthInfo, BlockedTaskList, Event, EventList, RunDetailEnvelope, RunList, StreamToken, TaskList, ThreadDetailEnvelope } from './types.js'
+
+/**
+ * Where the bearer token comes from: the token itself, or a function asked
+ * before each request (a short-lived identity-provider token that a caller
+ * renews, say); undefined or '' sends none.
+ */
+export type TokenSource = string | undefined | (() => string | undefined | Promise<string | undefined>)
 
 export interface ClientOptions {
   /** The service's base URL, e.g. `http://127.0.0.1:8080` (in a page: `location.origin`). */
   url: string
-  /** A bearer token, when the service has API_TOKENS set. */
-  token?: string
+  /** A bearer token (a static token of API_TOKENS, or a JWT of an issuer in AUTH_ISSUERS), or a function that returns one. Sent as the Authorization header, never in a URL. */
+  token?: TokenSource
+  /** watch()'s default for its `streamTokens` option (default false). */
+  streamTokens?: boolean
   /** The fetch to use (default: the global one). */
   fetch?: typeof fetch
   /** How many read bodies to keep, one per URL, for `If-None-Match` (default 100). */
@@ -59,7 +68,21 @@ export interface WatchOptions {
   onStatus?: (status: StreamStatus) => void
   /** The longest wait between two reconnects (default 10 s). */
   maxDelayMs?: number
+  /**
+   * Open the stream with a stream token (GET /api/stream-token) scoped to
+   * `filter`, in its URL, rather than with the client's token in the
+   * Authorization header: the long-lived token then never reaches the
+   * stream's connections. One is kept until shortly before it expires; a
+   * reconnect it is refused for (401) fetches a fresh one and tries again
+   * at once, and only a second 401 in a row ends the watch. Without a
+   * token (the service needs none) the stream opens as usual.
+   * Default: the client's `streamTokens` option.
+   */
+  streamTokens?: boolean
 }
+
+/** A stream token is taken for a new connection until this long before it expires. */
+const STREAM_TOKEN_MARGIN_MS = 15_000
 
 const DEFAULT_RETRY_MS = 500
 /** A stream that stayed open this long was healthy, even if quiet: its end is no reason to back off. */
@@ -103,15 +126,34 @@ export function createReader (options: ClientOptions) {
   const base = options.url.replace(/\/+$/, '')
   const fetcher = options.fetch ?? ((input, init) => fetch(input, init))
   const cacheSize = options.cacheSize ?? 100
-  const authorization: Record<string, string> = options.token ? { authorization: `Bearer ${options.token}` } : {}
+  let tokenSource: TokenSource = options.token
   /** The last body read per URL, with its ETag: sent back as If-None-Match. */
   const cache = new Map<string, { etag?: string, text: string, body: unknown }>()
 
-  async function send (path: string, headers: Record<string, string>, signal?: AbortSignal): Promise<Response> {
+  /** The token to send now; undefined for none. */
+  async function currentToken (): Promise<string | undefined> {
+    const token = typeof tokenSource === 'function' ? await tokenSource() : tokenSource
+    return token === '' ? undefined : token
+  }
+
+  /**
+   * Another token from now on (signed in as someone else), or none (signed
+   * out). The bodies kept for If-None-Match are dropped: they were read
+   * with the old one. Loops already running send the new token with their
+   * next request.
+   */
+  function setToken (token: TokenSource): void {
+    tokenSource = token
+    cache.clear()
+  }
+
+  /** GET `path`; with the client's token as a bearer header unless `anonymous` (a URL that carries its own credential). */
+  async function send (path: string, headers: Record<string, string>, signal?: AbortSignal, anonymous = false): Promise<Response> {
     const url = `${base}${path}`
     let response: Response
     try {
-      response = await fetcher(url, { headers: { ...authorization, ...headers }, signal })
+      const token = anonymous ? undefined : await currentToken()
+      response = await fetcher(url, { headers: { ...(token === undefined ? {} : { authorization: `Bearer ${token}` }), ...headers }, signal })
     } catch (error) {
       /* c8 ignore next: closed while a request was under way (timing) */
       if (signal?.aborted) throw error
@@ -156,9 +198,45 @@ export function createReader (options: ClientOptions) {
   }
   const body = <T>(read: Promise<Read<T>>) => read.then((result) => result.body)
 
-  /** The stream's URL, with the token as `access_token` (for a browser EventSource, which cannot send headers). */
-  function streamUrl (filter: EventFilter = {}, after?: number): string {
-    return `${base}/api/events/stream${query({ run_id: filter.run_id || undefined, thread_id: filter.thread_id || undefined, after_event_id: after, access_token: options.token })}`
+  /** The filter as the service takes it: an empty one is none (the service refuses `?run_id=`). */
+  const filterParams = (filter: EventFilter) => ({ run_id: filter.run_id || undefined, thread_id: filter.thread_id || undefined })
+
+  /**
+   * A stream token: short-lived, signed by the service, and good only to
+   * open streams within `filter` (a run's, a thread's; none: every stream),
+   * as `stream_token` in a stream's URL. Asked for with the client's token,
+   * never kept by the service's caches (no-store).
+   */
+  async function streamToken (filter: EventFilter = {}, signal?: AbortSignal): Promise<StreamToken> {
+    const response = await send(`/api/stream-token${query(filterParams(filter))}`, { accept: 'application/json' }, signal)
+    return await response.json() as StreamToken
+  }
+
+  /**
+   * The stream's URL (for a browser EventSource, which cannot send
+   * headers): with `streamToken` as `stream_token` when given. It never
+   * carries the client's own token: see signedStreamUrl.
+   */
+  function streamUrl (filter: EventFilter = {}, after?: number, streamToken?: string): string {
+    return `${base}/api/events/stream${query({ ...filterParams(filter), after_event_id: after, stream_token: streamToken || undefined })}`
+  }
+
+  /**
+   * The stream's URL with a fresh stream token for `filter`, for an
+   * EventSource: `new EventSource(await client.signedStreamUrl({ run_id }))`.
+   * Its token opens new connections for a few minutes (an open one stays
+   * open): on an error after that, ask for another URL. Without a token
+   * (the service needs none), the plain URL.
+   */
+  async function signedStreamUrl (filter: EventFilter = {}, after?: number, signal?: AbortSignal): Promise<string> {
+    if (await currentToken() === undefined) return streamUrl(filter, after)
+    return streamUrl(filter, after, (await streamToken(filter, signal)).token)
+  }
+
+  /** What the service says of authentication (GET /api/auth, which needs no token): whether it is on, and the identity provider a page signs in with, if any. */
+  async function auth (signal?: AbortSignal): Promise<AuthInfo> {
+    const response = await send('/api/auth', { accept: 'application/json' }, signal, true)
+    return await response.json() as AuthInfo
   }
 
   /** Where to start to get every event kept that matches `filter`: just before the oldest such event, else the read's position. */
@@ -179,6 +257,11 @@ export function createReader (options: ClientOptions) {
   async function * watch (filter: EventFilter = {}, watchOptions: WatchOptions = {}): AsyncGenerator<Event, void, undefined> {
     const { signal, onStatus } = watchOptions
     const maxDelayMs = watchOptions.maxDelayMs ?? 10_000
+    const useStreamTokens = watchOptions.streamTokens ?? options.streamTokens ?? false
+    /** The stream token kept for the next connection, and when (by this clock) to stop taking it. */
+    let kept: { token: string, until: number } | undefined
+    /** The last attempt's stream token was refused (401): one more, with a fresh token, before giving up. */
+    let refusedToken = false
     let retryMs = DEFAULT_RETRY_MS
     let attempt = 0
     let last = watchOptions.after
@@ -203,8 +286,26 @@ export function createReader (options: ClientOptions) {
           last = await oldestKeptCursor(filter, controller.signal)
           findOldest = false
         }
-        const path = streamUrl(filter, last).slice(base.length).replace(/[?&]access_token=[^&]*/, '')
-        const response = await send(path, { accept: 'text/event-stream' }, controller.signal)
+        let token: string | undefined
+        if (useStreamTokens && await currentToken() !== undefined) {
+          if (kept === undefined || Date.now() >= kept.until) {
+            const grant = await streamToken(filter, controller.signal)
+            kept = { token: grant.token, until: Date.parse(grant.expires_at) - STREAM_TOKEN_MARGIN_MS }
+          }
+          token = kept.token
+        }
+        const path = streamUrl(filter, last, token).slice(base.length)
+        let response: Response
+        try {
+          response = await send(path, { accept: 'text/event-stream' }, controller.signal, token !== undefined)
+        } catch (error) {
+          // A stream token refused (expired, or its key rotated): a fresh one, at once, but only once in a row.
+          if (token === undefined || !(error instanceof ApiError) || error.status !== 401 || refusedToken) throw error
+          refusedToken = true
+          kept = undefined
+          continue
+        }
+        refusedToken = false
         const openedAt = Date.now()
         let announced = false
         let received = false
@@ -253,7 +354,11 @@ export function createReader (options: ClientOptions) {
     blocked: (runId: string, signal?: AbortSignal) => body(reads.blockedRead(runId, signal)),
     thread: (threadId: string, signal?: AbortSignal) => body(reads.threadRead(threadId, signal)),
     events: (q?: EventsQuery, signal?: AbortSignal) => body(reads.eventsRead(q, signal)),
+    auth,
+    streamToken,
     streamUrl,
+    signedStreamUrl,
+    setToken,
     watch
   }
 }

@@ -10,7 +10,7 @@ import type { RunDetailEnvelope, RunList, ThreadDetailEnvelope } from './types.j
 
 export { ApiError, CursorExpired } from './errors.js'
 export { MAX_PAGE_LIMIT } from './types.js'
-export type { ClientOptions, EventFilter, EventsQuery, PageQuery, Read, RunsQuery, StreamStatus, WatchOptions } from './client.js'
+export type { ClientOptions, EventFilter, EventsQuery, PageQuery, Read, RunsQuery, StreamStatus, TokenSource, WatchOptions } from './client.js'
 export type { FollowOptions, Followed, Live, LiveOptions, OnSnapshot } from './live.js'
 export type * from './types.js'
 

@@ -187,3 +187,34 @@ export interface EventList {
   /** Ascending event_id */
   events: Array<Event>
 }
+
+/** A stream opens if every filter named here is the stream's own */
+export interface StreamScope {
+  /** Only the streams of this run (its events, and its Durable Streams route) */
+  run_id?: string
+  /** Only the streams of this thread */
+  thread_id?: string
+}
+
+export interface StreamToken {
+  /** Pass it as `stream_token` in the URL of /api/events/stream or a /api/streams route (or as a bearer token there) */
+  token: string
+  /** After it the token opens no new stream; a stream already open stays open */
+  expires_at: string
+  scope: StreamScope
+}
+
+/** The identity provider the web UI signs in with (authorization code with PKCE) */
+export interface SignIn {
+  issuer: string
+  authorization_endpoint: string
+  token_endpoint: string
+  client_id: string
+  scope: string
+}
+
+export interface AuthInfo {
+  /** Whether /api routes need a token */
+  required: boolean
+  sign_in: SignIn | null
+}

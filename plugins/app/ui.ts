@@ -4,6 +4,7 @@ import { existsSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { authenticationOn, issuersOf } from '../../config.js'
 import { notFound } from '../../errors.js'
 import { entityTag, noneMatchHits } from './http-cache.js'
 
@@ -20,6 +21,13 @@ const files = {
   '/ui/style.css': { file: 'style.css', type: 'text/css; charset=utf-8' }
 } as const
 
+/**
+ * The page's inline script: it preloads the runs list's first page, which,
+ * with authentication on, a preload (it cannot send the token) only gets
+ * refused, logging an error in the browser's console.
+ */
+const PRELOAD_SCRIPT = /\n[ ]*<script>[^<]*<\/script>/
+
 /** The compiled modules (ui/build/): the page's script and ocp-api-client, which it imports. */
 const BUILT_MODULE = /^(ui|client\/src)\/[a-z-]+\.js$/
 
@@ -29,6 +37,21 @@ const BUILT_MODULE = /^(ui|client\/src)\/[a-z-]+\.js$/
  */
 export default fp(async function uiPlugin (app) {
   const dir = uiDirectory()
+  const preload = !authenticationOn(app.config)
+  const signsIn = authenticationOn(app.config) && issuersOf(app.config).some((issuer) => issuer.ui_client_id !== undefined)
+  /**
+   * The page's policy lets it reach its own origin only; its sign-in with
+   * an identity provider (authorization code with PKCE) trades the code at
+   * the provider's token endpoint, whose origin is added to connect-src
+   * (known once discovery answered; until then the sign-in is not offered).
+   */
+  async function allowTokenEndpoint (reply: FastifyReply) {
+    const signIn = await app.jwtIssuers.signIn().catch(() => null)
+    if (signIn === null) return
+    // Helmet's, set by its hook of the page routes (plugins/external/helmet.ts).
+    const policy = reply.getHeader('content-security-policy') as string
+    reply.header('content-security-policy', policy.replace("connect-src 'self'", `connect-src 'self' ${new URL(signIn.token_endpoint).origin}`))
+  }
   const cache = new Map<string, { body: Buffer, tag: string }>()
   // no-cache with a tag: a browser keeps each file and revalidates it, so a
   // reload costs a 304 per file, not the file.
@@ -36,7 +59,8 @@ export default fp(async function uiPlugin (app) {
     let kept = cache.get(file)
     if (kept === undefined) {
       // build/ exists once the UI is compiled (npm run build, or before the tests).
-      const body = await readFile(join(dir, file)).catch(() => { throw notFound('the UI is not built: run npm run build') })
+      let body = await readFile(join(dir, file)).catch(() => { throw notFound('the UI is not built: run npm run build') })
+      if (file === 'index.html' && !preload) body = Buffer.from(body.toString('utf8').replace(PRELOAD_SCRIPT, ''))
       kept = { body, tag: entityTag(body) }
       cache.set(file, kept)
     }
@@ -45,11 +69,14 @@ export default fp(async function uiPlugin (app) {
     return reply.type(type).send(kept.body)
   }
   for (const [path, { file, type }] of Object.entries(files)) {
-    app.get(path, { schema: { hide: true } }, (_request, reply) => send(reply, file, type))
+    app.get(path, { schema: { hide: true } }, async (_request, reply) => {
+      if (signsIn && file === 'index.html') await allowTokenEndpoint(reply)
+      return send(reply, file, type)
+    })
   }
   app.get<{ Params: { '*': string } }>('/ui/build/*', { schema: { hide: true } }, async (request, reply) => {
     const module = request.params['*']
     if (!BUILT_MODULE.test(module)) throw notFound('file')
     return send(reply, `build/${module}`, 'text/javascript; charset=utf-8')
   })
-}, { name: 'ui' })
+}, { name: 'ui', decorators: { fastify: ['config'] } })
