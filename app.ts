@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url'
 import type { Config } from './config.js'
 import { ACCEPTS, badRequest, toApiError } from './errors.js'
 import { NO_STORE } from './plugins/app/http-cache.js'
-import { countRequests } from './plugins/app/metrics.js'
+import { countRequests } from './plugins/request-metrics.js'
 import { requestIdOf, requestLogger } from './plugins/app/request-log.js'
 import { MAX_ID_LENGTH } from './schemas/api.js'
 

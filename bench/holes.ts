@@ -89,7 +89,7 @@ for (const load of ['quiet', `${BACKGROUND_WRITERS} writers`]) {
   loading = false
   await Promise.all(writers)
 }
-const ticks = app.eventLog!.ticks
+const ticks = app.events.upkeep!.ticks
 console.log(`\nbench:holes on ${gitDescription()}, Node ${process.version}, ${rounds} rounds; the keeper ticked ${ticks} times\n`)
 console.log('| background | event | commit to delivery p50 | p90 | max |')
 console.log('|---|---|---:|---:|---:|')

@@ -1,7 +1,7 @@
 import { sql, type Expression, type ExpressionBuilder } from 'kysely'
 import type pg from 'pg'
 import * as Resource from '../schemas/resources.js'
-import { settledPosition } from './events.js'
+import { settledPosition } from './settled-position.js'
 import { jsonArray, jsonObject, rowJson, utcTimestamp } from './json.js'
 import { builder, queryRow, Statement } from './statement.js'
 
@@ -176,8 +176,8 @@ interface BodyRow extends pg.QueryResultRow { body: string, event_cursor: string
 
 /**
  * The runs of a filtered page, before their task counts: for each status
- * wanted, its own keyset page from runs_status_created_at_run_id_idx
- * (migration 0007), then the newest `limitPlusOne` of those. A plain
+ * wanted, its own keyset page from runs_status_created_at_run_id_idx,
+ * then the newest `limitPlusOne` of those. A plain
  * `status = any(...)` filter would walk the whole list in order and skip the
  * runs in other statuses: the whole table for a rare status. Here a page
  * reads at most a page per status wanted. Stating the later pages' key as

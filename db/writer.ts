@@ -7,8 +7,8 @@ import type { ArtifactsTable, Database, EventsTable, MessagesTable, RunsTable, T
  * announces it commit in ONE transaction (the outbox pattern), so a
  * subscriber never sees an event for a change it cannot read, nor a change
  * without its event. Its event_id is left out: the column's default
- * gives the transaction its id, then draws the event's (migrations 0003 and
- * 0008); writers never wait for each other.
+ * gives the transaction its id, then draws the event's (events_next_id,
+ * db/sql/event-ids.sql); writers never wait for each other.
  *
  * This service's own request path never writes: its sessions are
  * read-only. These functions need a connection with write rights.

@@ -1,47 +1,29 @@
-import type { FastifyBaseLogger, FastifyReply } from 'fastify'
+import type { FastifyBaseLogger } from 'fastify'
 import { setImmediate } from 'node:timers/promises'
-import { eventsAfterKept, freshEventsAfterKept, pollAfter, reissuedRange, settledNow, settledNowWithState, type EventFilter, type LogState, type StoredEvent } from '../../../db/events.js'
-import type { Db } from '../../../db/schema.js'
-import { ApiError, cursorExpired, CursorBeyondError, cursorReissued, timelinePending } from '../../../errors.js'
-import { Subscriber, type Listener, type StreamFormat, type SubscriberOptions } from './subscriber.js'
-import { Waiter } from './waiter.js'
-import type { StreamOffset } from './durable.js'
+import type { Db } from '../db/schema.js'
+import { pollAfter, settledNowWithState, type EventFilter, type LogState, type StoredEvent } from './log.js'
 import { EventWindow } from './window.js'
 
 export interface HubOptions {
   pollIntervalMs: number
   /** The safety net's poll interval while a wake-up source is live (EVENTS_WAKEUP_POLL_INTERVAL_MS). */
   wakeupPollIntervalMs: number
-  keepAliveMs: number
   /** The most bytes of recent events kept in memory for catch-ups (EVENTS_WINDOW_BYTES; 0: none). */
   windowBytes: number
-  /** The most streams open at once (SSE_MAX_STREAMS): past it, a new one is refused as a retry. */
-  maxStreams: number
-  /** The `retry:` sent at connect (SSE_RETRY_MS). */
-  retryMs: number
-  /** SSE_MAX_BUFFERED_BYTES and SSE_SLOW_CLIENT_TIMEOUT_MS: see Subscriber. */
-  maxBufferedBytes: number
-  slowClientMs: number
   log: FastifyBaseLogger
 }
 
-/**
- * Where a stream starts: after an event id a client gave (named `name` in
- * errors), at the current end, or at the oldest event kept.
- */
-export type StreamStart = { afterId: number, name: string } | 'tail' | 'oldest'
-
-/** A page of a Durable Streams read: its events, the settled position it reaches, and whether that is the head. */
-export interface StreamPage {
-  events: StoredEvent[]
-  next: number
-  upToDate: boolean
-}
-
-/** What makes a stream a Durable Streams SSE stream: its wire format (given the head it is up to date at), and when the server ends it. */
-export interface DurableStreamOptions {
-  format: (head: () => number) => StreamFormat
-  maxMs: number
+/** What the fan-out hands events to: a stream (sse/subscriber.ts) or a long-poll (durable/waiter.ts). */
+export interface Listener {
+  readonly filter: EventFilter
+  matches: (event: StoredEvent) => boolean
+  offer: (event: StoredEvent) => void
+  /** After a poll has handed out everything up to the head: true when the listener answered (a long-poll with events). */
+  settled?: () => boolean
+  /** A new epoch began at `base` (ids after it may be handed out again): a listener past it ends. */
+  rewound: (base: number) => void
+  /** The hub stops: the listener ends (its client resumes elsewhere). */
+  close: () => void
 }
 
 /** Events read per poll query; a poll reads pages until it is up to date. */
@@ -54,20 +36,13 @@ export const WAKE_MIN_GAP_MS = 5
  * A wake-up's poll that finds nothing new is repeated once after this long:
  * WAL may arrive before its commit is visible (on a hot standby, before it
  * is replayed). So is a poll that begins to wait on a hole: the second
- * sight of it asks the keeper to settle it (plugins/app/event-log.ts).
+ * sight of it asks the keeper to settle it (upkeep/keeper.ts).
  */
 export const WAKE_RECHECK_MS = 10
 
 /** How long delivery may wait for an event writer in flight before the log says so. */
 export const SETTLE_WAIT_LOG_MS = 5000
 
-/** Events read per catch-up query of a stream that resumes from an older cursor. */
-export const CATCH_UP_PAGE_SIZE = 500
-/**
- * How long a catch-up read waits for a writer in flight below events
- * already committed, before it answers without them (not up to date).
- */
-export const PENDING_WAIT_MS = 1000
 /**
  * How long the fan-out answers long-polls before it lets the event loop
  * turn (the rest after it has): well under the load-shedding sample's
@@ -80,58 +55,34 @@ export const ANSWERS_PER_CLOCK_LOOK = 128
 const HEAD_WAIT_POLL_MS = 10
 
 /**
- * Throws when a client's cursor (`name`) cannot be served as it stands:
- * below the history's floor, or inside a range of ids that a failover
- * handed out again (410 cursor_expired: the client refetches); above what
- * is settled while the database is on a timeline its keeper has not
- * recorded yet (a transient refusal: the client retries; the promoted
- * sequence may not have reached ids the old primary handed out); above
- * every id the sequence has handed out (400: it would wait forever). A
- * cursor merely ahead of the settled position waits.
- */
-export function assertCursorKept (name: string, cursor: number, state: LogState): void {
-  if (cursor < state.floor) throw cursorExpired(name, cursor, state.floor)
-  const reissued = reissuedRange(state, cursor)
-  if (reissued !== undefined) throw cursorReissued(name, cursor, ...reissued)
-  if (state.newTimeline && cursor > state.settled) throw timelinePending(name)
-  if (cursor > state.drawn) throw new CursorBeyondError(name, cursor, state.drawn)
-}
-
-/** A position as a client may be given it: inside a range reissued after a failover, the position that range starts at. */
-export const reportable = (state: LogState, position: number) => reissuedRange(state, position)?.[0] ?? position
-
-/**
  * The one poller of a process. Every pollIntervalMs it reads the events
- * committed since its head (one indexed query, however many subscribers)
- * and hands each to the subscribers whose filters match, found through
+ * committed since its head (one indexed query, however many listeners)
+ * and hands each to the listeners whose filters match, found through
  * indexes by run and by thread rather than by scanning them all.
  *
  * Writers may commit ids out of order: the head is the SETTLED position,
  * never past an id that may still commit. Each poll reads, in one
  * statement, the events after the head and the event log's state, whose
- * settled position the keeper publishes (db/events.ts, LogState), then
- * hands out the events up to there and any run of ids just above it with
- * no hole. An event above a hole waits until the keeper settles it (the
- * hub tells it, onWaiting); how long delivery has waited is a metric, and
- * a log line past SETTLE_WAIT_LOG_MS. When the state starts a new epoch
- * (ids handed out again: a failover, a sequence moved back), the hub ends
- * the streams past the epoch's base and reads on from there.
+ * settled position the keeper publishes (log.ts, LogState), then hands out
+ * the events up to there and any run of ids just above it with no hole.
+ * An event above a hole waits until the keeper settles it (the hub tells
+ * it, onWaiting); how long delivery has waited is a metric, and a log line
+ * past SETTLE_WAIT_LOG_MS. When the state starts a new epoch (ids handed
+ * out again: a failover, a sequence moved back), the listeners past the
+ * epoch's base end and the hub reads on from there.
  *
  * A wake-up source (wakeup.ts) calls wake() when something may have been
  * committed: the hub then polls at once, or when the poll in flight ends,
  * at most one poll every WAKE_MIN_GAP_MS, however many wake-ups and
- * subscribers. While the source is live, the timed poll is only a safety
+ * listeners. While the source is live, the timed poll is only a safety
  * net and runs every wakeupPollIntervalMs.
  *
  * What it hands out also goes into a window of recent events in memory
- * (window.ts), from which streams resuming from a recent cursor catch up
- * without reading the table.
- *
- * It owns the whole life of a stream (open): routes parse and validate,
- * and hand it the response.
+ * (window.ts), from which reads after a recent cursor are served
+ * (reader.ts) without reading the table.
  */
 export class EventHub {
-  /** The highest event id handed to subscribers; undefined until first read. */
+  /** The highest event id handed to listeners; undefined until first read. */
   #head: number | undefined
   #initializing: Promise<number> | undefined
   /** The event log's state as the last poll read it (undefined before the first read). */
@@ -139,9 +90,11 @@ export class EventHub {
   /**
    * Called after each poll with how long an event has waited above a hole
    * (undefined when none waits): the keeper then settles sooner
-   * (plugins/app/event-log.ts).
+   * (upkeep/keeper.ts).
    */
   onWaiting: ((waitedMs: number | undefined) => void) | undefined
+  /** Called after each tick, polled or failed, with the time and the head (the streams' keep-alives). */
+  onTicked: ((now: number, head: number) => void) | undefined
   #timelineLogged = false
   /** The WAL timeline the last poll read on (null on a hot standby, or before the first poll). */
   #readTimeline: number | null = null
@@ -167,72 +120,21 @@ export class EventHub {
   #waitLogged = false
   /** The last poll found a new hole to wait on: poll once more soon (it asks the keeper for a tick then). */
   #holeBegan = false
-  readonly #subscribers = new Set<Subscriber>()
-  readonly #waiters = new Set<Waiter>()
+  /** Listeners that answer once a poll has handed out what they wait for (long-polls). */
+  readonly #settling = new Set<Listener>()
   /** Unfiltered listeners (streams and long-poll waiters), all under the key ''. */
   readonly #unfiltered = new Map<string, Set<Listener>>()
   readonly #byRun = new Map<string, Set<Listener>>()
   readonly #byThread = new Map<string, Set<Listener>>()
   #window: EventWindow | undefined
-  /** Catch-ups served from the window and from the table, since start (a metric). */
-  readonly catchUps = { memory: 0, database: 0 }
-
-  readonly #subscriberOptions: SubscriberOptions
   /** Reads waiting for the head to pass a position (headPast). */
   readonly #headWaits = new Set<{ position: number, resolve: () => void }>()
 
-  constructor (readonly db: Db, readonly options: HubOptions) {
-    this.#subscriberOptions = {
-      // A stream still catching up when the history's floor passes it ends: its client's reconnect gets the 410.
-      readAfter: (afterId, filter) => this.#readAfter(afterId, filter, 'the stream\'s position'),
-      pageSize: CATCH_UP_PAGE_SIZE,
-      maxBufferedBytes: options.maxBufferedBytes,
-      slowClientMs: options.slowClientMs,
-      onDrop: (subscriber, reason, err) => {
-        const details = { filter: subscriber.filter, lastId: subscriber.lastId }
-        if (err instanceof ApiError && err.code === 'cursor_expired') {
-          options.log.info(details, 'event stream ended: the history\'s floor passed it while it caught up (EVENTS_RETENTION); its client\'s reconnect is answered 410')
-        } else {
-          options.log.warn({ err, ...details }, `event stream ended: ${reason}`)
-        }
-      }
-    }
-  }
-
-  get size (): number {
-    return this.#subscribers.size
-  }
-
-  /** Durable Streams long-polls waiting for events. */
-  get waiting (): number {
-    return this.#waiters.size
-  }
-
-  /** Bytes written to streams and not yet taken by their clients, over all streams. */
-  get bufferedBytes (): number {
-    let total = 0
-    for (const subscriber of this.#subscribers) total += subscriber.response.writableLength
-    return total
-  }
+  constructor (readonly db: Db, readonly options: HubOptions) {}
 
   /** The window of recent events (undefined before the first read). */
   get window (): EventWindow | undefined {
     return this.#window
-  }
-
-  /**
-   * Up to `limit` events after `afterId` matching `filter`, from memory,
-   * when the window holds every one of them; undefined when the table must
-   * be read. Never past the head (the settled position).
-   */
-  recentAfter (afterId: number, filter: EventFilter, limit: number): StoredEvent[] | undefined {
-    const window = this.#window
-    if (window === undefined || !window.covers(afterId)) {
-      this.catchUps.database++
-      return undefined
-    }
-    this.catchUps.memory++
-    return window.after(afterId, filter, limit)
   }
 
   /**
@@ -244,78 +146,6 @@ export class EventHub {
   raiseFloor (floor: number): void {
     /* c8 ignore next: a drop before the first poll has nothing in memory to drop */
     this.#window?.raiseFloor(floor)
-  }
-
-  /**
-   * Up to a page of events after `afterId`, never past `upTo` (a settled
-   * head: what lies above it reaches a stream live), with the history's
-   * floor: from the window of recent events when it holds them all (then
-   * nothing after `afterId` has gone: the floor is not read), else from the
-   * table, the floor read in the same statement.
-   */
-  async #readKept (afterId: number, filter: EventFilter, upTo: number): Promise<{ state: LogState, events: StoredEvent[] }> {
-    // The window ends at the hub's head: a read up to a fresher position goes to the table. So does a
-    // cursor above the ids drawn when the hub last polled: handed out since, or never (assertCursorKept).
-    const recent = upTo > this.#head! || afterId > this.#state!.drawn ? undefined : this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
-    if (recent !== undefined) return { state: { ...this.#state!, floor: 0 }, events: recent }
-    return eventsAfterKept(this.db, afterId, filter, CATCH_UP_PAGE_SIZE, upTo)
-  }
-
-  /** As #readKept, for a cursor named `name` that a client gave (assertCursorKept). */
-  async #readAfter (afterId: number, filter: EventFilter, name: string, upTo = this.#head!): Promise<StoredEvent[]> {
-    const { state, events } = await this.#readKept(afterId, filter, upTo)
-    assertCursorKept(name, afterId, state)
-    return events
-  }
-
-  /**
-   * A catch-up page of a Durable Streams read (docs/reference.md, "Durable Streams"): the
-   * events after `offset`, up to the settled head, and the position the
-   * client resumes from (never below its own offset: a replica behind the
-   * one that handed it out serves nothing until it catches up).
-   *
-   * `fresh` (a plain catch-up GET or HEAD, which says up to date): up to the
-   * settled position of a snapshot taken now, as GET /api/events reads, so
-   * that what was committed before the request is in it; the hub's head may
-   * be a poll behind. A long-poll's own catch-up keeps the head (no query
-   * per waiter: what lies above it comes from the hub's next polls).
-   */
-  async page (offset: StreamOffset, filter: EventFilter, name: string, fresh = false): Promise<StreamPage> {
-    const known = await this.ready()
-    // The tail is always as a read sees it now.
-    if (offset === 'now') return { events: [], next: reportable(this.#state!, Math.max(known, await settledNow(this.db, known))), upToDate: true }
-    if (!fresh) {
-      if (offset !== 'oldest') return this.#pageOf(await this.#readAfter(offset, filter, name, known), Math.max(offset, known))
-      return this.#oldestPage(await this.#readKept(0, filter, known), known)
-    }
-    // `settledBy`: a position settled before the read (the hub's head, once it moved past what the read waits for).
-    const read = (settledBy: number) => freshEventsAfterKept(this.db, offset === 'oldest' ? 0 : offset, filter, CATCH_UP_PAGE_SIZE, settledBy)
-    let fresher = await read(known)
-    // Every event committed before this read is at or below `pendingTo`.
-    const { pendingTo } = fresher
-    if (pendingTo !== undefined && fresher.events.length < CATCH_UP_PAGE_SIZE) {
-      // Some of them lie above the settled position, behind a writer in
-      // flight: wait a little for it (the keeper settles most in
-      // milliseconds), so that a client reading on does not spin.
-      await this.headPast(pendingTo - 1, PENDING_WAIT_MS)
-      fresher = await read(Math.max(known, this.#head!))
-    }
-    const { state, position, events } = fresher
-    const head = Math.max(known, position)
-    let page: StreamPage
-    if (offset === 'oldest') {
-      page = this.#oldestPage({ state, events }, head)
-    } else {
-      assertCursorKept(name, offset, state)
-      page = this.#pageOf(events, Math.max(offset, head))
-    }
-    // Up to date only with every matching event committed before the read.
-    return pendingTo !== undefined && position < pendingTo ? { ...page, upToDate: false } : page
-  }
-
-  /** A page from `-1`: it starts above the floor (rows at or below it may linger until their partition goes). */
-  #oldestPage ({ state, events }: { state: LogState, events: StoredEvent[] }, head: number): StreamPage {
-    return { ...this.#pageOf(events, head), events: events.filter((event) => event.id > state.floor) }
   }
 
   /** Resolves once the head is past `position` (or at once, if it is), or after `maxMs`. */
@@ -330,106 +160,37 @@ export class EventHub {
   }
 
   /**
-   * A page of `events`: a full one resumes after its last event, any other
-   * at `head` (everything matching up to it was read), or past it when the
-   * window moved on while it was read.
+   * From now on, the fan-out hands `listener` every event matching its
+   * filter that a poll hands out. A listener subscribes before it reads
+   * the table: whatever the hub polls from then on reaches it, and
+   * whatever it polled before, the listener's own read sees
+   * (docs/stream.md, "How it works").
    */
-  #pageOf (events: StoredEvent[], head: number): StreamPage {
-    const full = events.length >= CATCH_UP_PAGE_SIZE
-    const last = events.at(-1)?.id ?? head
-    return { events, next: full ? last : reportable(this.#state!, Math.max(head, last)), upToDate: !full }
+  listen (listener: Listener): void {
+    const { index, key } = this.#indexOf(listener)
+    let set = index.get(key)
+    if (set === undefined) index.set(key, set = new Set())
+    set.add(listener)
+    if (listener.settled !== undefined) this.#settling.add(listener)
   }
 
-  /**
-   * A long-poll of a Durable Streams read: the catch-up page when it has
-   * events, else the events that the hub's next polls hand out, from
-   * memory, as soon as a poll ends with one (no query per waiter), else,
-   * after `timeoutMs` or when the client goes away (`whenGone` calls the
-   * function it is handed), none and the head.
-   */
-  async longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
-    const head = await this.ready()
-    const waiter = new Waiter(filter, offset === 'now' ? head : offset === 'oldest' ? 0 : offset, CATCH_UP_PAGE_SIZE)
-    // Listening before the catch-up read, for the reason a stream subscribes first (open).
-    this.#waiters.add(waiter)
-    this.#listen(waiter)
-    try {
-      if (offset === 'now') {
-        // The tail as a plain read sees it now (the hub's head may be a poll behind): only what commits after it.
-        waiter.raiseTo((await this.page('now', filter, name, true)).next)
-      } else {
-        const page = await this.page(offset, filter, name)
-        if (page.events.length > 0) return page
-      }
-      await waiter.wait(timeoutMs, whenGone)
-    } finally {
-      this.#waiters.delete(waiter)
-      this.#unlisten(waiter)
-    }
-    // Between two awaits the head covers every event handed out.
-    return this.#pageOf(waiter.events, Math.max(waiter.afterId, this.#head!))
+  /** Idempotent: a listener may be released by its close and by a failed start alike. */
+  unlisten (listener: Listener): void {
+    const { index, key } = this.#indexOf(listener)
+    const set = index.get(key)
+    if (set === undefined || !set.delete(listener)) return
+    if (set.size === 0) index.delete(key)
+    this.#settling.delete(listener)
   }
 
-  /**
-   * Opens a stream on `reply` (an @fastify/sse reply): every committed
-   * event matching `filter` after `start`, exactly once, ascending, then
-   * live; in the Durable Streams SSE format, and ended after a while, when
-   * `durable` says so. Throws before any byte is sent (410, or a transient
-   * refusal the error handler answers as a retry); after that, failures end
-   * the stream and its client resumes from its last position.
-   */
-  async open (reply: FastifyReply, filter: EventFilter, start: StreamStart, durable?: DurableStreamOptions): Promise<void> {
-    if (this.size >= this.options.maxStreams) {
-      throw new ApiError('unavailable', `this instance already serves ${this.options.maxStreams} event streams, retry shortly or on another instance`)
+  /** Every listener, through the indexes. */
+  * #listeners (): Generator<Listener> {
+    for (const index of [this.#unfiltered, this.#byRun, this.#byThread]) {
+      for (const set of index.values()) yield * set
     }
-    const known = await this.ready()
-    // A Durable Streams read says when it is up to date: it reads up to the
-    // position a read now sees (the hub's head may be a poll behind), set below.
-    let upTo = 0
-    const head = () => Math.max(this.#head!, upTo)
-    const options = durable === undefined
-      ? this.#subscriberOptions
-      : { ...this.#subscriberOptions, readAfter: (afterId: number, filter: EventFilter) => this.#readAfter(afterId, filter, 'the stream\'s position', head()) }
-    const subscriber = new Subscriber(reply.raw, filter, typeof start === 'object' ? start.afterId : 0, options, durable?.format(head))
-    // Subscribed before reading the table: whatever the hub polls from now
-    // on reaches this subscriber, and whatever it polled before, the reads
-    // below see (see docs/stream.md, "How it works", for the argument).
-    this.#subscribe(subscriber)
-    reply.sse.onClose(() => this.#unsubscribe(subscriber))
-
-    let firstPage: StoredEvent[] | undefined = []
-    try {
-      if (start === 'tail') {
-        subscriber.lastId = await settledNow(this.db, known)
-      } else {
-        if (durable !== undefined) upTo = await settledNow(this.db, known)
-        if (start === 'oldest') {
-          const { state: { floor }, events } = await this.#readKept(0, filter, head())
-          subscriber.lastId = floor
-          // Rows at or below the floor that linger: the catch-up reads again from the floor.
-          firstPage = events.some((event) => event.id <= floor) ? undefined : events
-        } else {
-          firstPage = await this.#readAfter(start.afterId, filter, start.name, head())
-        }
-      }
-    } catch (err) {
-      this.#unsubscribe(subscriber)
-      throw err // before any byte is sent: the client gets the 410 envelope, or a retry (plugins/app/errors.ts)
-    }
-
-    if (!reply.sse.isConnected) return
-    reply.sse.keepAlive()
-    reply.sse.sendHeaders()
-    if (durable !== undefined) {
-      // The protocol's SSE connections end now and then, so that a cache in front collapses the reconnects.
-      const timer = setTimeout(() => subscriber.end(), durable.maxMs)
-      reply.raw.once('close', () => clearTimeout(timer))
-    }
-    subscriber.write(`retry: ${this.options.retryMs}\n\n`)
-    await subscriber.catchUp(firstPage)
   }
 
-  /** The highest event id handed to subscribers (undefined before the first read). */
+  /** The highest event id handed to listeners (undefined before the first read). */
   get head (): number | undefined {
     return this.#head
   }
@@ -480,42 +241,12 @@ export class EventHub {
     this.#schedule(this.#lastTickAt + WAKE_MIN_GAP_MS - Date.now())
   }
 
-  /** Stops polling and ends every stream. */
+  /** Stops polling and closes every listener (streams end; their clients reconnect and resume). */
   stop (): void {
     this.#stopped = true
     clearTimeout(this.#timer)
-    this.endAll()
-    for (const waiter of this.#waiters) waiter.release()
+    for (const listener of [...this.#listeners()]) listener.close()
     for (const wait of this.#headWaits) wait.resolve()
-  }
-
-  /** Ends every open stream cleanly; their clients reconnect and resume from their last id. */
-  endAll (): void {
-    for (const subscriber of this.#subscribers) subscriber.end()
-  }
-
-  #subscribe (subscriber: Subscriber): void {
-    this.#subscribers.add(subscriber)
-    this.#listen(subscriber)
-  }
-
-  /** Idempotent: a stream may be released by its close and by a failed start alike. */
-  #unsubscribe (subscriber: Subscriber): void {
-    if (this.#subscribers.delete(subscriber)) this.#unlisten(subscriber)
-  }
-
-  #listen (listener: Listener): void {
-    const { index, key } = this.#indexOf(listener)
-    let set = index.get(key)
-    if (set === undefined) index.set(key, set = new Set())
-    set.add(listener)
-  }
-
-  #unlisten (listener: Listener): void {
-    const { index, key } = this.#indexOf(listener)
-    const set = index.get(key)!
-    set.delete(listener)
-    if (set.size === 0) index.delete(key)
   }
 
   /** Where a listener is found by fan-out: by its run, else by its thread, else among the unfiltered. */
@@ -583,8 +314,8 @@ export class EventHub {
     // about 100 ms here, in one turn: BENCHMARKS.md).
     let answered = 0
     let turnBegan = performance.now()
-    for (const waiter of this.#waiters) {
-      if (!waiter.settled() || ++answered % ANSWERS_PER_CLOCK_LOOK !== 0) continue
+    for (const listener of this.#settling) {
+      if (!listener.settled!() || ++answered % ANSWERS_PER_CLOCK_LOOK !== 0) continue
       if (performance.now() - turnBegan < this.answerTurnMs) continue
       await setImmediate()
       turnBegan = performance.now()
@@ -606,8 +337,7 @@ export class EventHub {
       `the event log started a new epoch (a failover, or its sequence moved back): ids after ${base} may have been handed out again; streams past it end, and their clients refetch`)
     this.#state = state
     this.#readTimeline = state.timeline
-    for (const subscriber of this.#subscribers) if (subscriber.lastId > base) subscriber.end()
-    for (const waiter of this.#waiters) if (waiter.afterId > base) waiter.release()
+    for (const listener of [...this.#listeners()]) listener.rewound(base)
     this.#head = Math.min(this.#head!, base)
     this.#window = new EventWindow(this.#head, this.options.windowBytes)
     this.#waitingAt = undefined
@@ -635,12 +365,6 @@ export class EventHub {
       this.options.log.warn({ head: this.#head, waitingPid, waitingTransaction, preparedWriters, settledAgeSeconds: settledAge, waitedSeconds: this.settleWaitSeconds },
         `event delivery waits past id ${this.#head}: ${why}`)
     }
-  }
-
-  /** Heartbeats for the streams that have been quiet for keepAliveMs. */
-  #sweep (now: number): void {
-    if (this.#head === undefined) return
-    for (const subscriber of this.#subscribers) subscriber.heartbeat(now, this.#head, this.options.keepAliveMs)
   }
 
   #fanOut (event: StoredEvent): void {
@@ -684,7 +408,7 @@ export class EventHub {
       this.#failing = true
     }
     this.#polling = false
-    this.#sweep(Date.now())
+    if (this.#head !== undefined) this.onTicked?.(Date.now(), this.#head)
     if (this.#pollAgain) {
       this.#pollAgain = false
       this.#woken = true

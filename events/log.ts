@@ -1,18 +1,20 @@
 import { sql, type Expression } from 'kysely'
+import { jsonArray, jsonObject, rowJson } from '../db/json.js'
+import type { Db } from '../db/schema.js'
+import { settled, settledPosition } from '../db/settled-position.js'
 import { Event } from '../schemas/resources.js'
-import { jsonArray, jsonObject, rowJson } from './json.js'
-import type { Db } from './schema.js'
 
 /*
- * Reads of the persisted event log. Ids are read as JavaScript numbers:
+ * The statements of the event log: every read of the events table and of
+ * the keeper's state (event_log_state). Ids are read as JavaScript numbers:
  * exact up to 2^53, which a log growing a million events a second reaches
  * in about 285 years.
  *
  * Writers may commit ids out of order, so no read goes past the SETTLED
  * position: the highest id at or below which every id is visible or will
- * never commit. The event log's keeper publishes one (LogState.settled,
- * migration 0009); a reader extends it over the visible ids just above it,
- * in the snapshot it reads with (settledPosition), or as it polls (the hub).
+ * never commit. The event log's keeper publishes one (LogState.settled); a
+ * reader extends it over the visible ids just above it, in the snapshot it
+ * reads with (db/settled-position.ts), or as it polls (hub.ts).
  */
 
 export interface EventFilter {
@@ -35,15 +37,6 @@ export interface StoredEvent {
 /** The envelope of row `e` as one line of JSON text (JSON escapes newlines), built as every response body is (db/json.ts). */
 const envelope = rowJson(Event, 'e')
 
-/**
- * The settled position of the statement's own snapshot, as text: `known`
- * (a position settled before the statement began: the hub's) or the
- * keeper's, extended over the ids just above it that are all visible.
- * Every event at or below it is visible to the statement or never commits.
- */
-const settled = (known: number | string) => sql<string>`events_settled(${known}::bigint)`
-export const settledPosition = (known: number | string) => sql<string>`${settled(known)}::text`
-
 /** What the event log's keeper publishes (event_log_state), as a reader needs it. */
 export interface LogState {
   /** Every id at or below it is visible, or never commits (the keeper's census). */
@@ -65,7 +58,7 @@ export interface LogState {
   preparedWriters: number
   /** Seconds since the keeper last published the settled position. */
   settledAge: number
-  /** The highest id the sequence has handed out: no cursor above it was ever given (migration 0011). Infinity on a hot standby, which cannot tell. */
+  /** The highest id the sequence has handed out: no cursor above it was ever given. Infinity on a hot standby, which cannot tell. */
   drawn: number
 }
 
@@ -217,8 +210,8 @@ async function withLogState (db: Db, page: ReturnType<typeof storedEvents>, extr
 
 export interface EventPage {
   body: string
-  /** Where the client resumes: the last event returned when the page is full, else the settled position. */
-  cursor: string
+  /** Where the client resumes (X-Event-Cursor): the last event returned when the page is full, else the settled position. */
+  eventCursor: string
   /** The keeper's state, read in the same statement (its floor above all). */
   state: LogState
   /** Whether the page holds `limit` events: then no event can ever join it (they are all settled). */
@@ -241,7 +234,7 @@ export async function listEvents (db: Db, afterId: number | undefined, filter: E
     .select([
       jsonObject({ events: jsonArray(sql`p.item`, sql`p.event_id`) }).as('body'),
       sql<string>`case when count(*) = ${limit} then max(p.event_id)
-        else greatest(${after}, ${settled(known)}) end::text`.as('cursor'),
+        else greatest(${after}, ${settled(known)}) end::text`.as('eventCursor'),
       sql<LogStateRow>`(select to_json(s) from ${logStateRow} s)`.as('state'),
       sql<boolean>`count(*) = ${limit}`.as('full')
     ])

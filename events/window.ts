@@ -1,4 +1,4 @@
-import { matchesFilter, type EventFilter, type StoredEvent } from '../../../db/events.js'
+import { matchesFilter, type EventFilter, type StoredEvent } from './log.js'
 
 /**
  * Bytes counted per event besides its JSON: the object, its fields and its

@@ -81,7 +81,8 @@ export function parseLimit (text: string | undefined): number | undefined {
 }
 
 /** The opaque position of a list's next page (docs/reference.md, "Ordering and pages"; decoded in routes/api/runs.ts). */
-export const PageCursor = Type.String({
+/** A page key: where the next page of a keyset-paged list starts (the `cursor` parameter, SPEC's name for it; not an event cursor). */
+export const PageKeyParam = Type.String({
   minLength: 1,
   maxLength: 512,
   pattern: '^[A-Za-z0-9_-]+$',
@@ -92,7 +93,7 @@ export const PageCursor = Type.String({
 /** Optional keyset paging (docs/reference.md, "Ordering and pages"); the next page's URL is in the `Link` header. */
 export const PageQuery = Type.Object({
   limit: Type.Optional(PageLimit),
-  cursor: Type.Optional(PageCursor)
+  cursor: Type.Optional(PageKeyParam)
 })
 
 const RunStatuses = Type.String({
@@ -206,13 +207,13 @@ export const EventsQuery = Type.Object({
 
 // ---- Durable Streams (docs/reference.md, "Durable Streams"; routes/api/streams.ts) ------------
 
-/** Where a Durable Streams read starts (parsed by plugins/app/events/durable.ts). */
+/** Where a Durable Streams read starts (parsed by events/durable/offsets.ts). */
 export const StreamOffsetParam = Type.String({
   description: 'Where to read from: `-1` (the default) the oldest event kept, `now` the tail, or a `Stream-Next-Offset` this service sent (any replica\'s)',
   [ACCEPTS]: 'offset must be -1 (the oldest event kept), now (the tail), or a Stream-Next-Offset this service sent, and a live read must give one'
 })
 
-/** The interval cursor a Durable Streams client echoes (parsed by plugins/app/events/durable.ts). */
+/** The interval cursor a Durable Streams client echoes (parsed by events/durable/offsets.ts). */
 export const StreamCursorParam = Type.String({
   description: 'The last `Stream-Cursor` received (echoed so that caches collapse requests)',
   [ACCEPTS]: 'cursor must be a Stream-Cursor this service sent'

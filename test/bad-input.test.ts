@@ -1,10 +1,10 @@
 import { sql } from 'kysely'
 import { connect } from 'node:net'
 import t from 'tap'
-import type { LogState } from '../db/events.js'
+import type { LogState } from '../events/log.js'
 import { ACCEPTS } from '../errors.js'
-import { encodeOffset } from '../plugins/app/events/durable.js'
-import { assertCursorKept } from '../plugins/app/events/hub.js'
+import { encodeOffset } from '../events/durable/offsets.js'
+import { assertEventCursorKept } from '../events/reader.js'
 import { MAX_ID_LENGTH } from '../schemas/api.js'
 import { build } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
@@ -264,7 +264,7 @@ t.test('a cursor beyond the last event_id ever handed out is a 400 saying so; on
   t.teardown(stream.close)
   t.equal(stream.status, 200)
   const longPoll = fetch(`${url}/api/streams/events?offset=${encodeOffset(drawn)}&live=long-poll`)
-  await waitUntil(() => app.events.waiting === 1, 'the long-poll to wait')
+  await waitUntil(() => app.events.durable.waiting === 1, 'the long-poll to wait')
   const [next] = await insertEvents({ run_id: 'a/b' })
   t.equal(next, drawn + 1)
   await stream.waitFor((s) => s.events().length === 1, 15_000)
@@ -276,9 +276,9 @@ t.test('a cursor beyond the last event_id ever handed out is a 400 saying so; on
 
 t.test('where the sequence cannot tell, or a failover is not recorded yet, a cursor ahead is never refused as beyond', async (t) => {
   const state = { floor: 0, reissued: [], newTimeline: false, settled: 10, drawn: 12 } as unknown as LogState
-  t.throws(() => assertCursorKept('after_event_id', 13, state), { code: 'bad_request', cursorName: 'after_event_id', cursor: 13, last: 12 })
-  t.doesNotThrow(() => assertCursorKept('after_event_id', 12, state), 'within the sequence: it waits')
-  t.doesNotThrow(() => assertCursorKept('after_event_id', 2 ** 52, { ...state, drawn: Infinity }), 'a hot standby (its sequence may lag the primary\'s): it waits')
-  t.throws(() => assertCursorKept('after_event_id', 13, { ...state, newTimeline: true }), { code: 'unavailable' },
+  t.throws(() => assertEventCursorKept('after_event_id', 13, state), { code: 'bad_request', cursorName: 'after_event_id', cursor: 13, last: 12 })
+  t.doesNotThrow(() => assertEventCursorKept('after_event_id', 12, state), 'within the sequence: it waits')
+  t.doesNotThrow(() => assertEventCursorKept('after_event_id', 2 ** 52, { ...state, drawn: Infinity }), 'a hot standby (its sequence may lag the primary\'s): it waits')
+  t.throws(() => assertEventCursorKept('after_event_id', 13, { ...state, newTimeline: true }), { code: 'unavailable' },
     'a standby just promoted (its sequence may not have reached what the old primary handed out): retry, not 400')
 })

@@ -1,5 +1,5 @@
 import t from 'tap'
-import { encodeOffset } from '../plugins/app/events/durable.js'
+import { encodeOffset } from '../events/durable/offsets.js'
 import { needsServer, testDatabaseUrl } from './helpers/database.js'
 import { insertGraph, makeRun } from './helpers/fixtures.js'
 import { requestsOnRoute } from './helpers/metrics.js'

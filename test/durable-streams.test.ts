@@ -4,10 +4,12 @@ import { setMaxListeners } from 'node:events'
 import pg from 'pg'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
-import { ANSWERS_PER_CLOCK_LOOK, CATCH_UP_PAGE_SIZE, PENDING_WAIT_MS } from '../plugins/app/events/hub.js'
-import { encodeOffset } from '../plugins/app/events/durable.js'
-import { Waiter } from '../plugins/app/events/waiter.js'
-import type { StoredEvent } from '../db/events.js'
+import { PENDING_WAIT_MS } from '../events/durable/reads.js'
+import { ANSWERS_PER_CLOCK_LOOK } from '../events/hub.js'
+import { CATCH_UP_PAGE_SIZE } from '../events/reader.js'
+import { encodeOffset } from '../events/durable/offsets.js'
+import { Waiter } from '../events/durable/waiter.js'
+import type { StoredEvent } from '../events/log.js'
 import { build } from './helpers/app.js'
 import { needsServer, testDatabaseUrl } from './helpers/database.js'
 import { sql } from 'kysely'
@@ -154,7 +156,7 @@ t.test('retention: an offset below the floor is 410 cursor_expired; -1 then star
   await insertGraph({ runs: [makeRun({ run_id: run })] })
   const written = await insertEvents(...Array.from({ length: 4 }, () => ({ run_id: run })))
   // The hub has read them: an SSE read from -1 then meets the rows below the floor.
-  await waitUntil(() => (app.events.head ?? 0) >= written.at(-1)!, 'the hub to read the events')
+  await waitUntil(() => (app.events.hub.head ?? 0) >= written.at(-1)!, 'the hub to read the events')
   const db = await writer()
   await sql`update event_log_state set history_floor = ${written[1]!}`.execute(db)
   t.teardown(async () => { await sql`update event_log_state set history_floor = 0`.execute(db) })
@@ -176,7 +178,7 @@ t.test('retention: an offset below the floor is 410 cursor_expired; -1 then star
   // A run all above the floor: SSE from -1 starts with the rows it read.
   await insertGraph({ runs: [makeRun({ run_id: 'ds-above' })] })
   const above = await insertEvents({ run_id: 'ds-above' }, { run_id: 'ds-above' })
-  await waitUntil(() => (app.events.head ?? 0) >= above.at(-1)!, 'the hub to read them')
+  await waitUntil(() => (app.events.hub.head ?? 0) >= above.at(-1)!, 'the hub to read them')
   const fresh = await (await fetch(`${url}/api/streams/runs/ds-above?offset=-1&live=sse`)).text()
   t.same([...fresh.matchAll(/^event: data\ndata:(.*)$/gm)].flatMap((match) => ids(JSON.parse(match[1]!) as Envelope[])), above, 'raw SSE from -1, no row below the floor')
   // A long-poll behind the hub's head answers from its own catch-up at once.
@@ -209,7 +211,7 @@ t.test('raw: offset=now, an idle long-poll\'s 204, the interval cursor, HEAD', a
   t.equal(now.headers.get('stream-up-to-date'), 'true')
   t.notOk(now.headers.get('etag'), 'no ETag for offset=now')
   const tail = now.headers.get('stream-next-offset')!
-  t.equal(tail, encodeOffset(app.events.head!))
+  t.equal(tail, encodeOffset(app.events.hub.head!))
 
   const idle = await fetch(`${streamUrl}?offset=${tail}&live=long-poll`)
   t.equal(idle.status, 204)
@@ -375,8 +377,8 @@ t.test('up to date means up to date: events committed above a writer in flight m
 async function answerCrowd (app: FastifyInstance, run: string, crowd: number) {
   await insertGraph({ runs: [makeRun({ run_id: run })] })
   const from = await app.events.ready()
-  const polls = Array.from({ length: crowd }, () => app.events.longPoll(from, { runId: run }, 'offset', 10_000, () => {}))
-  await waitUntil(() => app.events.waiting === crowd, 'every long-poll to wait')
+  const polls = Array.from({ length: crowd }, () => app.events.durable.longPoll(from, { runId: run }, 'offset', 10_000, () => {}))
+  await waitUntil(() => app.events.durable.waiting === crowd, 'every long-poll to wait')
   let turned = false
   const afterTurn: boolean[] = []
   for (const poll of polls) {
@@ -399,7 +401,7 @@ t.test('a crowd answered within its turn (answerTurnMs) is answered before the l
 t.test('a crowd of long-polls is answered a turn of the event loop at a time (answerTurnMs), the loop turning between', async (t) => {
   const { app } = await serve(t)
   // Every look at the clock finds the turn over.
-  app.events.answerTurnMs = 0
+  app.events.hub.answerTurnMs = 0
   const crowd = ANSWERS_PER_CLOCK_LOOK * 2 + 50
   const { pages, written, afterTurn } = await answerCrowd(app, 'ds-crowd', crowd)
   t.ok(pages.every((page) => page.events.length === 1 && page.events[0]!.id === written), 'every long-poll gets the event')
@@ -412,19 +414,19 @@ t.test('a crowd of long-polls is answered a turn of the event loop at a time (an
 t.test('headPast: at once when the head is past the position, after maxMs when it does not move, and at once when the hub stops', async (t) => {
   const { app } = await serve(t)
   await insertEvents({ run_id: 'ds-head' })
-  await waitUntil(() => (app.events.head ?? 0) > 0, 'the hub to read the event')
-  const head = app.events.head!
+  await waitUntil(() => (app.events.hub.head ?? 0) > 0, 'the hub to read the event')
+  const head = app.events.hub.head!
   let started = performance.now()
-  await app.events.headPast(head - 1, 5000)
+  await app.events.hub.headPast(head - 1, 5000)
   t.ok(performance.now() - started < 1000, 'past already: at once')
   started = performance.now()
-  await app.events.headPast(head + 1000, 200)
+  await app.events.hub.headPast(head + 1000, 200)
   t.ok(performance.now() - started >= 190, 'the head does not move: after maxMs')
-  const waiting = app.events.headPast(head + 1000, 60_000)
-  app.events.stop()
+  const waiting = app.events.hub.headPast(head + 1000, 60_000)
+  app.events.hub.stop()
   await waiting
   started = performance.now()
-  await app.events.headPast(head + 1000, 60_000)
+  await app.events.hub.headPast(head + 1000, 60_000)
   t.ok(performance.now() - started < 1000, 'a stopped hub answers at once')
 })
 
@@ -432,7 +434,7 @@ t.test('raw: SSE from now with a quiet filter: the first control event is the ta
   const { app, url } = await serve(t, { SSE_KEEPALIVE_MS: 150, STREAMS_SSE_MAX_MS: 1200 })
   // Its headers are sent once it has read the tail.
   const response = await fetch(`${url}/api/streams/threads/ds-thread?offset=now&live=sse`)
-  const tail = app.events.head!
+  const tail = app.events.hub.head!
   const reading = response.text()
   const [elsewhere] = await insertEvents({ run_id: 'ds-b', thread_id: 'not-this-one' })
   const text = await reading
@@ -456,7 +458,7 @@ t.test('raw: long-poll from -1 on an empty stream waits, then gets the first eve
   const next = woken.headers.get('stream-next-offset')!
   const started = Date.now()
   const parked = fetch(`${url}/api/streams/threads/${thread}?offset=${next}&live=long-poll`)
-  await waitUntil(() => app.events.waiting === 1, 'the long-poll to wait')
+  await waitUntil(() => app.events.durable.waiting === 1, 'the long-poll to wait')
   t.match((await app.inject('/metrics')).body, /^event_long_polls_waiting 1$/m, 'counted through /metrics')
   await app.close()
   const answer = await parked
@@ -469,7 +471,7 @@ t.test('raw: an SSE read refused at SSE_MAX_STREAMS is a retry, as on the event 
   const controller = new AbortController()
   t.teardown(() => controller.abort())
   void fetch(`${url}/api/streams/events?offset=now&live=sse`, { signal: controller.signal }).then((response) => response.text()).catch(() => undefined)
-  await waitUntil(() => app.events.size === 1, 'the one slot taken')
+  await waitUntil(() => app.events.streams.size === 1, 'the one slot taken')
   const refused = await fetch(`${url}/api/streams/events?offset=now&live=sse`)
   t.equal(refused.status, 200)
   t.equal(refused.headers.get('content-type'), 'text/event-stream')
@@ -481,7 +483,7 @@ t.test('a waiter whose client is already gone does not wait', async (t) => {
   const started = Date.now()
   await waiter.wait(5000, (stop) => { stop() })
   t.ok(Date.now() - started < 1000)
-  waiter.release() // nothing to release: harmless
+  waiter.close() // nothing to release: harmless
   // One that already holds an event answers at once, listening for nothing.
   const holding = new Waiter({}, 0, 10)
   holding.offer({ id: 1 } as StoredEvent)

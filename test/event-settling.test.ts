@@ -1,13 +1,13 @@
 import pg from 'pg'
 import { pino } from 'pino'
 import t from 'tap'
-import { EventLogUpkeep } from '../plugins/app/event-log.js'
+import { EventLogUpkeep } from '../events/upkeep/keeper.js'
 import { build } from './helpers/app.js'
 import { testDatabaseUrl } from './helpers/database.js'
 import { insertEvents, openStream } from './helpers/sse.js'
 import { sleep, waitUntil } from './helpers/wait.js'
 
-// What the reader waits for, and what it does not (migration 0003, docs/stream.md
+// What the reader waits for, and what it does not (db/sql/keeper.sql, docs/stream.md
 // "How the event order is settled"): an id still in flight holds back the
 // stream, reads' X-Event-Cursor and event pages past it, and nothing else.
 
@@ -129,8 +129,8 @@ t.test('the published position settles the order as any reader reads it: never p
   const published = async () => Number((await admin.query('select settled from event_log_state')).rows[0].settled)
   const inStatement = async () => Number((await admin.query('select events_settled(0) as p')).rows[0].p)
   const waitTicks = async (n: number) => {
-    const target = app.eventLog!.ticks + n
-    while (app.eventLog!.ticks < target) await sleep(20)
+    const target = app.events.upkeep!.ticks + n
+    while (app.events.upkeep!.ticks < target) await sleep(20)
   }
   await insertEvents({ event_type: 'base' })
   const held = await openWriter()
@@ -171,7 +171,7 @@ t.test('with no replica keeping the log, the wait\'s log line says how old the s
   const lines: Array<{ level: number, msg: string, settledAgeSeconds?: number }> = []
   const stream = { write: (line: string) => { lines.push(JSON.parse(line)) } }
   const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50 }, { logger: { level: 'info', stream } })
-  await app.eventLog!.stop()
+  await app.events.upkeep!.stop()
   const hole = await openWriter('rolled_back')
   await insertEvents({ event_type: 'above' })
   await hole.connection.query('rollback')
@@ -243,8 +243,8 @@ t.test('a snapshot fact: an older transaction commits a higher id while a newer 
   await a.query('commit')
   await a.end()
   t.ok(Number(higher.event_id) > b.id)
-  const ticks = app.eventLog!.ticks
-  while (app.eventLog!.ticks < ticks + 3) await sleep(20)
+  const ticks = app.events.upkeep!.ticks
+  while (app.events.upkeep!.ticks < ticks + 3) await sleep(20)
   const published = Number((await admin.query('select settled from event_log_state')).rows[0].settled)
   t.ok(published < b.id, `the keeper publishes nothing at or above the open id (settled ${published}, open ${b.id})`)
   t.ok(Number((await admin.query('select events_settled(0) as p')).rows[0].p) < b.id, 'nor does a statement, though its snapshot lists no running transaction below the committed one')

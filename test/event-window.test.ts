@@ -1,8 +1,8 @@
 import type { FastifyInstance } from 'fastify'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
-import type { StoredEvent } from '../db/events.js'
-import { EVENT_OVERHEAD_BYTES, EventWindow } from '../plugins/app/events/window.js'
+import type { StoredEvent } from '../events/log.js'
+import { EVENT_OVERHEAD_BYTES, EventWindow } from '../events/window.js'
 import { build } from './helpers/app.js'
 import { insertGraph, makeRun, makeThread } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
@@ -79,8 +79,8 @@ t.test('a reconnect storm inside the window is served from memory, each stream e
   const start = (await app.events.ready())
   const written = await insertEvents(
     ...Array.from({ length: 30 }, (_, i) => ({ event_type: `storm-${i}`, run_id: i % 2 === 0 ? 'run-w1' : 'run-w2', thread_id: i % 3 === 0 ? 'thread-w' : '' })))
-  await waitUntil(() => (app.events.head ?? 0) >= written.at(-1)!, 'the hub polled them')
-  const before = { ...app.events.catchUps }
+  await waitUntil(() => (app.events.hub.head ?? 0) >= written.at(-1)!, 'the hub polled them')
+  const before = { ...app.events.reader.catchUps }
 
   const cursors = [start, written[9]!, written[19]!, written[28]!]
   const filters = ['', 'run_id=run-w1', 'thread_id=thread-w']
@@ -96,7 +96,7 @@ t.test('a reconnect storm inside the window is served from memory, each stream e
     t.same(stream.events().map((e) => e.event_id), expected, `after ${after} ${filter || 'unfiltered'}`)
     stream.close()
   }
-  t.same({ memory: app.events.catchUps.memory - before.memory, database: app.events.catchUps.database - before.database }, { memory: 120, database: 0 },
+  t.same({ memory: app.events.reader.catchUps.memory - before.memory, database: app.events.reader.catchUps.database - before.database }, { memory: 120, database: 0 },
     'every catch-up from memory, none from the table')
   const metrics = (await app.inject({ url: '/metrics' })).body
   t.match(metrics, /event_catch_up_reads_total\{source="memory"\} \d+/)
@@ -108,12 +108,12 @@ t.test('a cursor older than the window reads the table, with the same answer', a
   const { app, url } = await serve(t, { EVENTS_WINDOW_BYTES: 5 * 1024 })
   await app.events.ready()
   const written = await insertEvents(...Array.from({ length: 40 }, (_, i) => ({ event_type: `old-${i}`, run_id: 'run-w1', summary: 'x'.repeat(100) })))
-  await waitUntil(() => (app.events.head ?? 0) >= written.at(-1)!, 'the hub polled them')
-  t.ok(app.events.window!.from > written[0]!, 'the window no longer holds the first of them')
-  const before = { ...app.events.catchUps }
+  await waitUntil(() => (app.events.hub.head ?? 0) >= written.at(-1)!, 'the hub polled them')
+  t.ok(app.events.hub.window!.from > written[0]!, 'the window no longer holds the first of them')
+  const before = { ...app.events.reader.catchUps }
   const stream = await openStream(url, '/api/events/stream?run_id=run-w1', { 'last-event-id': String(written[0]! - 1) })
   await stream.waitFor((s) => s.events().length >= written.length)
   t.same(stream.events().map((e) => e.event_id), written)
   stream.close()
-  t.ok(app.events.catchUps.database > before.database, 'read from the table')
+  t.ok(app.events.reader.catchUps.database > before.database, 'read from the table')
 })

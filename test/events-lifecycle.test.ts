@@ -37,13 +37,13 @@ t.test('a client that disconnects is freed at once', async (t) => {
     openStream(url, '/api/events/stream?thread_id=thread-l'),
     openStream(url, '/api/events/stream?after_event_id=0')
   ])
-  await waitUntil(() => app.events.size === 4, 'app.events.size === 4')
+  await waitUntil(() => app.events.streams.size === 4, 'app.events.streams.size === 4')
   for (const stream of streams) stream.close()
-  await waitUntil(() => app.events.size === 0, 'app.events.size === 0', 2000)
-  t.equal(app.events.size, 0, 'no subscriber left registered')
+  await waitUntil(() => app.events.streams.size === 0, 'app.events.streams.size === 0', 2000)
+  t.equal(app.events.streams.size, 0, 'no subscriber left registered')
   await insertEvents({ run_id: 'run-l' })
   await new Promise((resolve) => setTimeout(resolve, 100))
-  t.equal(app.events.size, 0, 'and fan-out to nobody is harmless')
+  t.equal(app.events.streams.size, 0, 'and fan-out to nobody is harmless')
 })
 
 t.test('a client that does not read is cut off at the bound, then disconnected; readers are unaffected', async (t) => {
@@ -56,17 +56,17 @@ t.test('a client that does not read is cut off at the bound, then disconnected; 
   stalled.on('error', () => {})
   stalled.pause()
   stalled.write('GET /api/events/stream?run_id=run-slow HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n')
-  await waitUntil(() => app.events.size === 2, 'app.events.size === 2')
+  await waitUntil(() => app.events.streams.size === 2, 'app.events.streams.size === 2')
   let closed = false
   stalled.on('close', () => { closed = true })
   const big = json({ blob: 'x'.repeat(100_000) })
   const written: number[] = []
-  for (let batch = 0; batch < 30 && app.events.size === 2; batch++) {
+  for (let batch = 0; batch < 30 && app.events.streams.size === 2; batch++) {
     written.push(...await insertEvents(...Array.from({ length: 10 }, () => ({ run_id: 'run-slow', payload: big }))))
     await new Promise((resolve) => setTimeout(resolve, 50))
   }
-  await waitUntil(() => app.events.size === 1, 'app.events.size === 1', 5000)
-  t.equal(app.events.size, 1, 'the stalled subscriber was disconnected and freed')
+  await waitUntil(() => app.events.streams.size === 1, 'app.events.streams.size === 1', 5000)
+  t.equal(app.events.streams.size, 1, 'the stalled subscriber was disconnected and freed')
   stalled.resume() // let the socket see its end
   await waitUntil(() => closed, 'closed', 5000)
   t.ok(closed, 'its connection was closed')
@@ -84,12 +84,12 @@ t.test('shutdown ends every open stream cleanly', async (t) => {
     openStream(`http://127.0.0.1:${port}`, '/api/events/stream'),
     openStream(`http://127.0.0.1:${port}`, '/api/events/stream?run_id=run-l&after_event_id=0')
   ])
-  await waitUntil(() => app.events.size === 2, 'app.events.size === 2')
+  await waitUntil(() => app.events.streams.size === 2, 'app.events.streams.size === 2')
   const started = Date.now()
   await app.close()
   await Promise.all(streams.map((stream) => stream.ended))
   t.ok(Date.now() - started < 3000, 'close did not wait on the streams')
-  t.equal(app.events.size, 0)
+  t.equal(app.events.streams.size, 0)
 })
 
 t.test('a database outage at connect: the stream answers a retry (the JSON page 503), and registers nothing', async (t) => {
@@ -103,7 +103,7 @@ t.test('a database outage at connect: the stream answers a retry (the JSON page 
   const page = await app.inject('/api/events')
   t.equal(page.statusCode, 503)
   t.equal(page.json().error.code, 'unavailable')
-  t.equal(app.events.size, 0)
+  t.equal(app.events.streams.size, 0)
 })
 
 t.test('a read failing after the hub is up still answers a retry, and registers nothing', { skip: lockBlocksAll }, async (t) => {
@@ -117,7 +117,7 @@ t.test('a read failing after the hub is up still answers a retry, and registers 
       await stream.ended
       t.same(stream.frames, [{ retry: String(app.config.SSE_RETRY_MS), comments: ['unavailable: the database is unavailable, try again shortly'] }])
     }
-    t.equal(app.events.size, 0)
+    t.equal(app.events.streams.size, 0)
   } finally {
     await release()
   }
@@ -138,7 +138,7 @@ t.test('a client gone before its stream started is never registered', { skip: lo
   await new Promise((resolve) => setTimeout(resolve, 100))
   await release()
   await new Promise((resolve) => setTimeout(resolve, 200))
-  t.equal(app.events.size, 0, 'nothing left registered')
+  t.equal(app.events.streams.size, 0, 'nothing left registered')
 })
 
 t.test('GET /api/events: a page of events, filters, limit, and where to resume', async (t) => {

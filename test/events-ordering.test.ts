@@ -6,7 +6,7 @@ import { testDatabaseUrl } from './helpers/database.js'
 import { insertEvents, openStream } from './helpers/sse.js'
 
 // Writers draw ids and commit in any order, and none waits for another;
-// the reader settles the order (the keeper's census, migration 0009): the
+// the reader settles the order (the keeper's census, db/sql/keeper.sql): the
 // stream never skips an event whose transaction drew its id early and
 // committed late, and never passes an id still in flight.
 
@@ -82,7 +82,7 @@ t.test('explicit ids (fixtures) are kept as given; later drawn ids stay above th
 
 interface Census { drawn: string, mark: string, writers: string[], drawBounds: string[], lateBounds: string[], waitingPid: number | null }
 
-t.test('the census (migration 0009): the writers in flight are the holders of the sequence\'s lock, each bounded by the census before it', async (t) => {
+t.test('the census: the writers in flight are the holders of the sequence\'s lock, each bounded by the census before it', async (t) => {
   const db = await client()
   t.teardown(() => db.end())
   const census = async (prior: Census): Promise<Census> => {
@@ -151,7 +151,7 @@ t.test('the census (migration 0009): the writers in flight are the holders of th
   for (const { connection } of [early, other]) await connection.query('commit')
 })
 
-t.test('a tick of the keeper (migration 0009): the settled position is the lowest bound, and the mark rises behind the writers', async (t) => {
+t.test('a tick of the keeper: the settled position is the lowest bound, and the mark rises behind the writers', async (t) => {
   const db = await client()
   t.teardown(() => db.end())
   const tick = async () => (await db.query(`select settled::text from events_keep_order()`)).rows[0].settled as string
@@ -177,7 +177,7 @@ t.test('a tick of the keeper (migration 0009): the settled position is the lowes
   t.ok(Number(mark) >= Number(settled), 'the mark is never below the settled position')
 })
 
-t.test('events_settled reads the ids above its position by index, not the log below it (migration 0006)', async (t) => {
+t.test('events_settled reads the ids above its position by index, not the log below it', async (t) => {
   const db = await client()
   t.teardown(() => db.end())
   await db.query(`insert into events (event_type) select 'bulk' from generate_series(1, 3000)`)
@@ -191,7 +191,7 @@ t.test('events_settled reads the ids above its position by index, not the log be
   await db.query('commit')
 })
 
-t.test('the settled position of one statement reaches the end of a burst, however long (migration 0010)', async (t) => {
+t.test('the settled position of one statement reaches the end of a burst, however long', async (t) => {
   const db = await client()
   t.teardown(() => db.end())
   const before = Number((await db.query('select events_settled(0) as p')).rows[0].p)

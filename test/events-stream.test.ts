@@ -174,14 +174,14 @@ t.test('a real EventSource reconnects with Last-Event-ID and misses nothing', as
   const arrival = (count: number) => new Promise<void>((resolve) => { expected = count; arrived = resolve })
 
   await arrival(1)
-  t.equal(app.events.size, 1)
+  t.equal(app.events.streams.size, 1)
   // Every stream is dropped, as when a replica restarts; events are written
   // while the client is away, and it must catch up on them when it returns.
   const rest = arrival(3)
-  app.events.endAll()
+  app.events.streams.endAll()
   const written = await insertEvents({ run_id: 'es-run', summary: 'second' }, { run_id: 'es-run', summary: 'third' })
   await rest
   t.same(received, [start, ...written], 'every event once, in order, across the reconnect')
   t.equal(opens, 2, 'it reconnected once')
-  t.equal(app.events.size, 1, 'the dropped subscriber was freed, the new one registered')
+  t.equal(app.events.streams.size, 1, 'the dropped subscriber was freed, the new one registered')
 })

@@ -70,7 +70,7 @@ t.test('hundreds of non-reading clients and connect/drop churn: bounded, no leak
   for (let batch = 0; batch < 20; batch++) {
     written.push(...await insertEvents(...Array.from({ length: 5 }, () => ({ payload }))))
     await new Promise((resolve) => setTimeout(resolve, 40))
-    maxBuffered = Math.max(maxBuffered, app.events.bufferedBytes)
+    maxBuffered = Math.max(maxBuffered, app.events.streams.bufferedBytes)
   }
   await churn
 
@@ -85,12 +85,12 @@ t.test('hundreds of non-reading clients and connect/drop churn: bounded, no leak
   // still connected; one past it is cut off after SSE_SLOW_CLIENT_TIMEOUT_MS,
   // as events-lifecycle.test.ts shows.) When they go, nothing stays behind.
   const settle = Date.now() + 2000 // the last churned connections' closes are still in flight
-  while (app.events.size > NON_READERS + 1 && Date.now() < settle) await new Promise((resolve) => setTimeout(resolve, 20))
+  while (app.events.streams.size > NON_READERS + 1 && Date.now() < settle) await new Promise((resolve) => setTimeout(resolve, 20))
   const during = metricValue((await app.inject('/metrics')).body, 'event_streams_open')
   t.ok(during <= NON_READERS + 1, `${during} streams open while the non-readers hang on; none left from the churn`)
   for (const socket of stalled) socket.destroy()
   const deadline = Date.now() + 5000
-  while (app.events.size > 1 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50))
+  while (app.events.streams.size > 1 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50))
   const metrics = (await app.inject('/metrics')).body
   t.equal(metricValue(metrics, 'event_streams_open'), 1, 'only the reader is left, counted through /metrics')
   t.ok(metricValue(metrics, 'event_streams_buffered_bytes') < perClientBound, 'and nothing is left buffered for the others')

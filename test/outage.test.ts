@@ -100,5 +100,5 @@ t.test('a database outage under load, and the recovery', async (t) => {
   t.same(received.run, expectedRun, 'filtered subscriber: likewise')
   t.same([...statuses.keys()].filter((status) => status !== 200 && status !== 503), [], `only 200 and 503 under load (${[...statuses].map(([s, n]) => `${n} x ${s}`).join(', ')})`)
   t.ok(slowest <= CONNECT_TIMEOUT_MS + STATEMENT_TIMEOUT_MS + 1000, `a failing read answered within ${slowest} ms: never hangs`)
-  t.equal(app.events.size, 2, 'the two streams stayed open (paused), nothing leaked')
+  t.equal(app.events.streams.size, 2, 'the two streams stayed open (paused), nothing leaked')
 })

@@ -114,7 +114,7 @@ t.test('the event stream over real HTTP: 200 with a stream, or 400 with the enve
   }), { numRuns: Math.ceil(RUNS / 3) })
   t.comment(`${tried} generated stream requests`)
   await new Promise((resolve) => setTimeout(resolve, 200))
-  t.equal(app.events.size, 0, 'every stream was released')
+  t.equal(app.events.streams.size, 0, 'every stream was released')
 })
 
 t.test('oversized requests over real HTTP get 400 with the envelope', async (t) => {

@@ -1,6 +1,6 @@
 import { Registry } from 'prom-client'
 import t from 'tap'
-import { RequestMetrics } from '../plugins/app/metrics.js'
+import { RequestMetrics } from '../plugins/request-metrics.js'
 import { withRouteHook } from '../plugins/route-hooks.js'
 
 // Requests counted in plain numbers, read through prom-client's registry (plugins/app/metrics.ts).

@@ -3,7 +3,7 @@ import { request as httpRequest } from 'node:http'
 import { sql } from 'kysely'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
-import { PARTITION_LOCK_TIMEOUT_MS, EventLogUpkeep } from '../plugins/app/event-log.js'
+import { PARTITION_LOCK_TIMEOUT_MS, EventLogUpkeep } from '../events/upkeep/keeper.js'
 import { build } from './helpers/app.js'
 import { needsServer, testDatabaseUrl } from './helpers/database.js'
 import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
@@ -116,7 +116,7 @@ t.test('EVENTS_RETENTION=10s: events go within 20 s of their created_at; cursors
   t.equal((await app.inject(`/api/events?after_event_id=${expiredFloor}`)).statusCode, 410, 'and the old floor has expired in turn')
 
   t.same(await rowCounts(), before, 'runs, tasks, attempts, threads, messages and artifacts untouched')
-  await waitUntil(() => app.eventLog!.historyFloor === kept, 'the keeper to read the floor on its next tick')
+  await waitUntil(() => app.events.upkeep!.historyFloor === kept, 'the keeper to read the floor on its next tick')
   const metrics = (await app.inject('/metrics')).body
   t.equal(metricValue(metrics, 'event_log_keeper'), 1)
   t.equal(metricValue(metrics, 'event_history_floor'), kept)
@@ -126,7 +126,7 @@ t.test('EVENTS_RETENTION=10s: events go within 20 s of their created_at; cursors
 
   await t.test('a second replica', { skip: needsServer('sessions of their own: the embedded database has one, whose advisory locks every connection shares') }, async (t) => {
     const other = await build(t)
-    await waitUntil(() => other.eventLog!.historyFloor >= 0, 'the second replica to read the floor')
+    await waitUntil(() => other.events.upkeep!.historyFloor >= 0, 'the second replica to read the floor')
     const otherMetrics = (await other.inject('/metrics')).body
     t.equal(metricValue(otherMetrics, 'event_log_keeper'), 0, 'does not keep the log')
     t.equal(metricValue(otherMetrics, 'event_history_floor'), kept, 'but reports the floor')
@@ -146,7 +146,7 @@ t.test('a stream still catching up when the floor passes it ends; its reconnect 
   const ids = (await db.insertInto('events').values(Array.from({ length: 600 }, () => ({ event_type: 'big', payload: json({ big }) }))).returning('event_id').execute())
     .map((row) => Number(row.event_id))
   const cursor = Math.max(start, await floor())
-  await waitUntil(() => (app.events.head ?? 0) >= ids.at(-1)!, 'the poller to have seen them all: the stream catches up from the table')
+  await waitUntil(() => (app.events.hub.head ?? 0) >= ids.at(-1)!, 'the poller to have seen them all: the stream catches up from the table')
 
   let text = ''
   const ended = new Promise<void>((resolve, reject) => {
@@ -155,7 +155,7 @@ t.test('a stream still catching up when the floor passes it ends; its reconnect 
       res.setEncoding('utf8')
       res.on('data', (chunk: string) => { text += chunk })
       res.on('end', resolve)
-      void waitUntil(() => app.events.bufferedBytes > 0, 'the catch-up to wait for the client').then(async () => {
+      void waitUntil(() => app.events.streams.bufferedBytes > 0, 'the catch-up to wait for the client').then(async () => {
         await sql`update event_log_state set history_floor = ${ids.at(-1)!}`.execute(db)
         res.resume()
       }, reject)

@@ -7,7 +7,7 @@ import { testDatabaseUrl } from './helpers/database.js'
 
 // GET /api/runs?status=a,b on a table of many runs: the page is the same as
 // a plain filter over the whole list would give, and its statement reads
-// about a page of runs per status wanted from the index of migration 0007,
+// about a page of runs per status wanted from the index runs_status_created_at_run_id_idx,
 // never the whole table (EXPLAIN ANALYZE, custom and generic plans).
 
 const RUNS = 20_000

@@ -85,7 +85,7 @@ t.test('the refusal on the wire: the stream limit, the database down, shutting d
   assertRetryAnswer(t, await down.inject('/api/events/stream?after_event_id=0'), RETRY_MS, /the database is unavailable/)
   t.equal((await down.inject('/api/events')).statusCode, 503, 'the JSON endpoint answers 503')
   t.equal((await down.inject('/api/events/stream?after_event_id=x')).statusCode, 400, 'what retrying cannot fix stays a 400')
-  t.equal(down.events.size, 0)
+  t.equal(down.events.streams.size, 0)
 
   // A connection made before the shutdown, on which a request arrives while it closes.
   const closing = await build(t, { SSE_RETRY_MS: RETRY_MS, DB_STATEMENT_TIMEOUT_MS: 10_000 })
@@ -104,7 +104,7 @@ t.test('at the stream limit, an EventSource waits its turn and misses nothing', 
   const base = await listen(app)
   const [start] = await insertEvents({ event_type: 'start' })
   const first = subscribe(t, `${base}/api/events/stream?after_event_id=${start}`)
-  await waitUntil(() => app.events.size === 1, 'the first stream')
+  await waitUntil(() => app.events.streams.size === 1, 'the first stream')
   const answers: number[] = []
   const second = subscribe(t, `${base}/api/events/stream?after_event_id=${start}`, async (url, init) => {
     const res = await fetch(url, init)
@@ -150,7 +150,7 @@ t.test('a database outage: EventSources that (re)connect while it is down resume
   }
   const resumed = subscribe(t, `${urlA}/api/events/stream?after_event_id=0`, balanced)
   const before = await writeEvents(3)
-  await waitUntil(() => resumed.ids.length === 3 && (replicaB.events.head ?? 0) >= before.at(-1)!, 'the events before the outage')
+  await waitUntil(() => resumed.ids.length === 3 && (replicaB.events.hub.head ?? 0) >= before.at(-1)!, 'the events before the outage')
 
   cluster.stop()
   // While the database is down: A goes away (its stream ends, its client reconnects to B), and a new client connects.
@@ -213,7 +213,7 @@ t.test('Chromium\'s EventSource keeps retrying a refused stream, and resumes', a
   const base = await listen(app)
   const [start] = await insertEvents({ event_type: 'start' })
   const holder = subscribe(t, `${base}/api/events/stream`)
-  await waitUntil(() => app.events.size === 1, 'the one slot taken')
+  await waitUntil(() => app.events.streams.size === 1, 'the one slot taken')
 
   const browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--headless', '--no-sandbox', '--disable-gpu'] })
   t.teardown(() => browser.close())

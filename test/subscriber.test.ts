@@ -1,9 +1,9 @@
 import { createServer, get, type ServerResponse } from 'node:http'
 import { connect } from 'node:net'
 import t from 'tap'
-import type { EventFilter, StoredEvent } from '../db/events.js'
-import { durableSseFormat } from '../plugins/app/events/durable.js'
-import { Subscriber, type StreamFormat, type SubscriberOptions } from '../plugins/app/events/subscriber.js'
+import type { EventFilter, StoredEvent } from '../events/log.js'
+import { durableSseFormat } from '../events/durable/format.js'
+import { Subscriber, type StreamFormat, type SubscriberOptions } from '../events/sse/subscriber.js'
 
 // The subscriber's hand-off rules, in isolation (the HTTP tests cover the wiring).
 

@@ -3,8 +3,8 @@ import pg from 'pg'
 import { pino } from 'pino'
 import t from 'tap'
 import { migrateToLatest } from '../db/migrate.js'
-import { EventHub } from '../plugins/app/events/hub.js'
-import { isRefusal } from '../plugins/app/events/wakeup.js'
+import { EventHub } from '../events/hub.js'
+import { isRefusal } from '../events/wakeup.js'
 import { build } from './helpers/app.js'
 import { ownCluster } from './helpers/cluster.js'
 import { movableAddress } from './helpers/proxy.js'
@@ -13,7 +13,7 @@ import { openStream, type RawStream } from './helpers/sse.js'
 import { READER_ROLE, standbySkipReason, startReplicatedPostgres } from './helpers/standby.js'
 import { sleep, waitUntil } from './helpers/wait.js'
 
-// The event wake-up (EVENTS_WAKEUP, plugins/app/events/wakeup.ts): new
+// The event wake-up (EVENTS_WAKEUP, events/wakeup.ts): new
 // events reach the streams as they commit, long before the safety net's
 // poll; a lost WAL stream degrades to polling and comes back by itself;
 // a database that refuses replication leaves the hub polling, logged once.
@@ -75,7 +75,7 @@ t.test('on a database that allows replication', { skip }, async (t) => {
   const app = await build(t, { DATABASE_URL: cluster.url, EVENTS_WAKEUP: 'wal', EVENTS_POLL_INTERVAL_MS: 1500, EVENTS_WAKEUP_POLL_INTERVAL_MS: 60_000 }, { logger: logTo(lines) })
   await app.listen({ port: 0, host: '127.0.0.1' })
   const { port } = app.server.address() as { port: number }
-  const wakeup = app.eventWakeup!
+  const wakeup = app.events.wakeup!
   await waitUntil(() => wakeup.live, 'the wake-up streams WAL', 10_000)
   const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream?after_event_id=0')
   t.teardown(() => stream.close())
@@ -132,7 +132,7 @@ t.test('through a hot standby: the wake-up connects to the standby the hub reads
   })
   await app.listen({ port: 0, host: '127.0.0.1' })
   const { port } = app.server.address() as { port: number }
-  await waitUntil(() => app.eventWakeup!.live, 'the wake-up streams WAL', 10_000)
+  await waitUntil(() => app.events.wakeup!.live, 'the wake-up streams WAL', 10_000)
   const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream?after_event_id=0')
   t.teardown(() => stream.close())
   await sleep(200)
@@ -144,7 +144,7 @@ t.test('through a hot standby: the wake-up connects to the standby the hub reads
 
   // A failover: the standby promoted, the old primary gone, its address moved. The standby's WAL sender ends the
   // stream at the end of the old timeline; the wake-up starts again on the new one, and the keeper records it.
-  const wakeup = app.eventWakeup!
+  const wakeup = app.events.wakeup!
   const standby = withDatabase(pair.standbyUrl, database)
   await waitUntil(async () => Number((await query(standby, 'select settled from event_log_state'))[0]!.settled) >= 5, 'the standby to have the keeper\'s position', 10_000)
   await query(standby, 'select pg_promote()')
@@ -152,7 +152,7 @@ t.test('through a hot standby: the wake-up connects to the standby the hub reads
   address.moveTo(standbyPort!)
   await waitUntil(() => wakeup.lost === 1, 'the stream ends with the timeline', 10_000)
   await waitUntil(() => wakeup.live, 'and starts again on the new one', 10_000)
-  await waitUntil(() => app.eventLog!.epoch === 1, 'the keeper to record the new timeline', 15_000)
+  await waitUntil(() => app.events.upkeep!.epoch === 1, 'the keeper to record the new timeline', 15_000)
   const promoted = await deliveryMs(standby, stream, 5000)
   t.ok(promoted < 500, `events committed on the promoted standby are delivered as they commit (${promoted} ms)`)
   t.equal(stream.events().length, 6, 'every event once')
@@ -167,7 +167,7 @@ t.test('on a database that refuses replication connections', { skip }, async (t)
   t.test('auto: polling alone, logged once', async (t) => {
     const lines: LogLine[] = []
     const app = await build(t, { EVENTS_WAKEUP: 'auto', EVENTS_POLL_INTERVAL_MS: 50 }, { logger: logTo(lines) })
-    const wakeup = app.eventWakeup!
+    const wakeup = app.events.wakeup!
     await waitUntil(() => wakeup.refused, 'the refusal')
     await sleep(1200)
     const refusals = lines.filter((line) => line.msg.startsWith('event wake-up refused'))
@@ -186,7 +186,7 @@ t.test('on a database that refuses replication connections', { skip }, async (t)
   t.test('wal: retried, logged once', async (t) => {
     const lines: LogLine[] = []
     const app = await build(t, { EVENTS_WAKEUP: 'wal' }, { logger: logTo(lines) })
-    const wakeup = app.eventWakeup!
+    const wakeup = app.events.wakeup!
     await waitUntil(() => lines.some((line) => line.msg.startsWith('event wake-up cannot stream WAL')), 'the failure')
     await sleep(1200) // retried after 0.5 s, then 1 s
     t.equal(lines.filter((line) => line.msg.startsWith('event wake-up cannot stream WAL')).length, 1, 'logged once')
@@ -196,7 +196,7 @@ t.test('on a database that refuses replication connections', { skip }, async (t)
 
 t.test('off: the hub only polls', async (t) => {
   const app = await build(t, { EVENTS_WAKEUP: 'off' })
-  t.equal(app.eventWakeup, undefined)
+  t.equal(app.events.wakeup, undefined)
   t.notMatch((await app.inject({ url: '/metrics' })).body, /event_wakeup/, 'and /metrics has no wake-up series')
 })
 
@@ -210,7 +210,7 @@ t.test('a wake-up after the hub stopped polls nothing', async (t) => {
   const lines: LogLine[] = []
   const log = pino({ level: 'info' }, { write: (line: string) => { lines.push(JSON.parse(line)) } })
   // No database at all: a poll would fail, and say so.
-  const hub = new EventHub(undefined as never, { pollIntervalMs: 10, wakeupPollIntervalMs: 10, keepAliveMs: 1000, windowBytes: 0, maxStreams: 1, retryMs: 1000, maxBufferedBytes: 1024, slowClientMs: 1000, log })
+  const hub = new EventHub(undefined as never, { pollIntervalMs: 10, wakeupPollIntervalMs: 10, windowBytes: 0, log })
   hub.stop()
   hub.wake()
   await sleep(100)

@@ -3,7 +3,7 @@ import t from 'tap'
 import { testDatabaseUrl } from './helpers/database.js'
 
 // Every way Postgres lets a writer put an event in the table, against the
-// rule of migration 0009 (docs/orchestrators.md, "How to write an event"):
+// rule of the settle mark (db/sql/event-ids.sql, docs/orchestrators.md, "How to write an event"):
 // either the event is settled only once its writer has ended, so that every
 // stream gets it in order, or the insert fails, naming event_id and saying
 // what to do. The keeper's ticks are run here by hand (no service runs on

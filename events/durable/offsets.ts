@@ -1,9 +1,10 @@
-import { invalidParameter } from '../../../errors.js'
-import { StreamCursorParam, StreamOffsetParam } from '../../../schemas/api.js'
-import type { StreamFormat } from './subscriber.js'
+import { invalidParameter } from '../../errors.js'
+import { StreamCursorParam, StreamOffsetParam } from '../../schemas/api.js'
 
 /*
- * The Durable Streams read path's wire (docs/reference.md, "Durable Streams"): offsets, cursors, the SSE format.
+ * The Durable Streams read path's positions (docs/reference.md, "Durable
+ * Streams"): offsets (where a read starts and the next one resumes) and
+ * the Stream-Cursor (an interval number that keeps caches from looping).
  *
  * An offset is a settled position (an event id, docs/reference.md, "The event stream") written
  * as 11 base-36 digits, zero-padded: short, URL-safe, and ordered
@@ -37,7 +38,7 @@ const MAX_JITTER_INTERVALS = 3600_000 / CURSOR_INTERVAL_MS
 const CURSOR_PATTERN = /^[0-9]{1,15}$/
 
 /** The `cursor` query parameter (the Stream-Cursor a client echoes). A malformed one is a 400. */
-export function parseCursor (text: string | undefined): number | undefined {
+export function parseStreamCursor (text: string | undefined): number | undefined {
   if (text === undefined) return undefined
   if (!CURSOR_PATTERN.test(text)) throw invalidParameter(StreamCursorParam)
   return Number(text)
@@ -48,36 +49,8 @@ export function parseCursor (text: string | undefined): number | undefined {
  * when the client echoed one at or past it, a strictly greater one, so
  * that a cache never hands the same answer back in a loop.
  */
-export function streamCursor (now: number, echoed: number | undefined, random = Math.random): string {
+export function nextStreamCursor (now: number, echoed: number | undefined, random = Math.random): string {
   const current = Math.floor((now - CURSOR_EPOCH_MS) / CURSOR_INTERVAL_MS)
   if (echoed === undefined || echoed < current) return String(current)
   return String(echoed + 1 + Math.floor(random() * MAX_JITTER_INTERVALS))
-}
-
-/** A `control` event of the protocol's SSE mode: where the client is, and whether that is the head. */
-const controlEvent = (position: number, cursor: string, upToDate: boolean) =>
-  `event: control\ndata:{"streamNextOffset":"${encodeOffset(position)}","streamCursor":"${cursor}","upToDate":${upToDate}}\n\n`
-
-/**
- * The protocol's SSE format (JSON mode): a catch-up page as one `data`
- * event holding its messages, then one `control` event (up to date once
- * the page is the last: the live events that came meanwhile join it); each
- * live event a `data` event holding a one-message array, then a `control`
- * event; a quiet stream's position is a `control` event alone. `head` is the hub's
- * settled head (a stream that goes live has everything up to it); `cursor`
- * gives the Stream-Cursor of each control event. A `data:` field has no
- * space after its colon, as the reference server writes it (SSE allows
- * either; a client that matches bytes, like the conformance suite, expects
- * this one).
- */
-export function durableSseFormat (head: () => number, cursor: () => string): StreamFormat {
-  return {
-    event: (event, live) => `event: data\ndata:[${event.json}]\n\n${controlEvent(event.id, cursor(), live)}`,
-    position: (position) => controlEvent(position, cursor(), true),
-    batch: (events, position, upToDate) => {
-      const reached = upToDate ? Math.max(position, head()) : position
-      const data = events.length === 0 ? '' : `event: data\ndata:[${events.map((event) => event.json).join(',')}]\n\n`
-      return { text: data + controlEvent(reached, cursor(), upToDate), position: reached }
-    }
-  }
 }

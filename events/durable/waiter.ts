@@ -1,5 +1,5 @@
-import { matchesFilter, type EventFilter, type StoredEvent } from '../../../db/events.js'
-import type { Listener } from './subscriber.js'
+import type { Listener } from '../hub.js'
+import { matchesFilter, type EventFilter, type StoredEvent } from '../log.js'
 
 /**
  * One long-poll request of the Durable Streams read path, waiting in
@@ -36,9 +36,14 @@ export class Waiter implements Listener {
     return true
   }
 
-  /** Ends the wait now (the hub stops). */
-  release (): void {
+  /** Ends the wait now (the hub stops): it answers what it holds. */
+  close (): void {
     this.#done?.()
+  }
+
+  /** A new epoch began at `base`: a long-poll past it answers as it stands. */
+  rewound (base: number): void {
+    if (this.afterId > base) this.close()
   }
 
   /**

@@ -1,6 +1,7 @@
 import type { ServerResponse } from 'node:http'
 import { Socket } from 'node:net'
-import { matchesFilter, type EventFilter, type StoredEvent } from '../../../db/events.js'
+import type { Listener } from '../hub.js'
+import { matchesFilter, type EventFilter, type StoredEvent } from '../log.js'
 
 /**
  * The frame of the last event built: the hub hands one event to every
@@ -34,7 +35,7 @@ export const KEEP_ALIVE = ': keep-alive\n\n'
  * has reached without an event (a quiet filtered stream), and, optionally,
  * a catch-up page at once. The event stream's own format
  * (docs/reference.md, "The event stream") is EVENT_STREAM_FORMAT; the Durable Streams SSE
- * mode has its own (durable.ts).
+ * mode has its own (durable/format.ts).
  */
 export interface StreamFormat {
   event: (event: StoredEvent, live: boolean) => string
@@ -52,15 +53,8 @@ export const EVENT_STREAM_FORMAT: StreamFormat = {
   position: (position) => `id: ${position}\n\n`
 }
 
-/** What the hub's fan-out hands events to: a stream (Subscriber) or a long-poll request (waiter.ts). */
-export interface Listener {
-  readonly filter: EventFilter
-  matches: (event: StoredEvent) => boolean
-  offer: (event: StoredEvent) => void
-}
-
 export interface SubscriberOptions {
-  /** Reads up to pageSize matching events after an id, from the table. */
+  /** Reads up to pageSize matching events after an id (the event reader: the window, or the table). */
   readAfter: (afterId: number, filter: EventFilter) => Promise<StoredEvent[]>
   pageSize: number
   /** Most bytes queued for the client before it stops receiving live events. */
@@ -221,6 +215,16 @@ export class Subscriber implements Listener {
   /** Ends the stream cleanly (shutdown): the client reconnects, elsewhere or later. */
   end (): void {
     if (!this.closed) this.response.end()
+  }
+
+  /** The hub stops: the stream ends, and its client resumes from its last id. */
+  close (): void {
+    this.end()
+  }
+
+  /** A new epoch began at `base`: a stream past it ends; its client's reconnect learns (410) to refetch. */
+  rewound (base: number): void {
+    if (this.lastId > base) this.end()
   }
 
   /** Ends a catch-up pass: false when live events overflowed meanwhile (another pass is needed). */

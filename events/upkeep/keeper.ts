@@ -1,16 +1,7 @@
 import type { FastifyBaseLogger } from 'fastify'
-import fp from 'fastify-plugin'
 import pg from 'pg'
-import { durationMs } from '../../config.js'
-import { keepOrder, readHistoryFloor, tryLeadUpkeep, type OrderTick } from '../../db/event-log.js'
-import { PartitionKeeper } from '../../db/event-partitions.js'
-
-declare module 'fastify' {
-  interface FastifyInstance {
-    /** The event log's upkeep (plugins/app/event-log.ts); undefined where it is off. */
-    eventLog: EventLogUpkeep | undefined
-  }
-}
+import { keepOrder, readHistoryFloor, tryLeadUpkeep, type OrderTick } from './order.js'
+import { PartitionKeeper } from './partitions.js'
 
 export interface UpkeepOptions {
   /** A database URL on which this service may write: the primary. */
@@ -37,8 +28,9 @@ export const SOON_TICK_MS = 10
 /**
  * Ticks asked for that may settle nothing new before the keeper backs off
  * (the gap doubling up to the clock interval): under load a hole can take
- * a few, each bounding the writers that the one before it saw (migration
- * 0009); past that, a writer is holding its transaction open.
+ * a few, each bounding the writers that the one before it saw
+ * (events_keep_order, db/sql/); past that, a writer is holding its
+ * transaction open.
  */
 const TICKS_A_HOLE_NEEDS = 3
 
@@ -246,29 +238,3 @@ export class EventLogUpkeep {
     await Promise.all(clients.map((client) => client?.end().catch(() => {})))
   }
 }
-
-/** Starts the upkeep where this service may write; see docs/stream.md, "How the event order is settled". */
-export default fp(async function eventLogPlugin (app) {
-  if (app.upkeepDatabaseUrl === undefined) { // DATABASE_URL names a hot standby (plugins/app/db.ts says so)
-    app.decorate('eventLog', undefined)
-    return
-  }
-  const upkeep = new EventLogUpkeep({
-    url: app.upkeepDatabaseUrl,
-    clockIntervalMs: app.config.EVENTS_CLOCK_INTERVAL_MS,
-    retentionMs: app.config.EVENTS_RETENTION === undefined ? undefined : durationMs(app.config.EVENTS_RETENTION),
-    log: app.log.child({ component: 'event-log' })
-  })
-  app.decorate('eventLog', upkeep)
-  // A poll that ends waiting on a hole for a while asks for a tick; one that does not wait, calms the asking.
-  app.events.onWaiting = (waitedMs) => {
-    if (waitedMs === undefined) upkeep.calm()
-    else if (waitedMs >= SOON_TICK_MS) upkeep.soon()
-  }
-  // What a tick settled reaches this replica's streams without waiting for the wake-up (or, without one, a poll).
-  upkeep.onPublished = () => { app.events.wake() }
-  // What retention dropped is no longer served from this replica's memory, from the moment it went (other replicas: at their next poll).
-  upkeep.keeper.onFloorRaised = (floor) => { app.events.raiseFloor(floor) }
-  app.addHook('onReady', async () => { upkeep.start() })
-  app.addHook('onClose', async () => { await upkeep.stop() })
-}, { name: 'event-log', dependencies: ['db', 'events'] })

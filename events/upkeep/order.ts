@@ -2,8 +2,8 @@ import type pg from 'pg'
 
 /*
  * The event log's upkeep, on a connection that may write (never the request
- * pool): the settled position every reader relies on (migration 0009), and
- * the partitions that bound the history (db/event-partitions.ts). Run by
+ * pool): the settled position every reader relies on, and the partitions
+ * that bound the history (partitions.ts). Run by
  * one replica at a time: the holder of UPKEEP_LOCK.
  */
 
@@ -33,7 +33,7 @@ export interface OrderTick {
 }
 
 /**
- * One tick (events_keep_order, migration 0009): a census of the event
+ * One tick (events_keep_order, db/sql/): a census of the event
  * writers in flight, the settle mark raised, and the settled position
  * published, committed to disk in one statement. With `pauseMs`, it pauses
  * that long before each later census, to settle a hole in one tick under

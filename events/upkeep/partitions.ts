@@ -1,11 +1,11 @@
 import type pg from 'pg'
-import { keepOrder } from './event-log.js'
-import { partitionName } from './migrations/0004_events_partitioned_by_id.js'
+import { partitionName } from '../../db/migrations/0004_events_partitioned_by_id.js'
+import { keepOrder } from './order.js'
 
 /*
- * The partitions of the events table (migration 0004) and the history they
+ * The partitions of the events table (ranges of event ids) and the history they
  * bound (EVENTS_RETENTION): the statements, and the policy that the event
- * log's keeper (plugins/app/event-log.ts) runs on its writable connection.
+ * log's keeper (keeper.ts) runs on its writable connection.
  *
  * Ranges are made ahead of the sequence, each as a standalone table then
  * ATTACHed (SHARE UPDATE EXCLUSIVE on the parent: writers and readers go
@@ -63,7 +63,7 @@ function parseBound (bound: string): { start: number | undefined, end: number } 
   return { start: match[2] === undefined ? undefined : Number(match[2]), end: Number(match[3]) }
 }
 
-/** The partitions of `events`; undefined when it is not partitioned (migration 0004 not applied). */
+/** The partitions of `events`; undefined when it is not partitioned (an older schema). */
 export async function listPartitions (client: pg.ClientBase): Promise<EventPartitions | undefined> {
   const { rows } = await client.query<{ name: string | null, bound: string | null, partitioned: boolean }>(`
     select c.relname as name, pg_get_expr(c.relpartbound, c.oid) as bound, p.relkind = 'p' as partitioned

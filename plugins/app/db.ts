@@ -7,9 +7,17 @@ import type { Db } from '../../db/schema.js'
 
 declare module 'fastify' {
   interface FastifyInstance {
-    /** The read-only query builder over the shared Postgres (see db/pool.ts), at `readDatabaseUrl`. */
+    /**
+     * The read-only query builder over the shared Postgres (see db/pool.ts),
+     * at `readDatabaseUrl`: for a read built with Kysely at request time
+     * (the event log's statements, existence checks).
+     */
     db: Db
-    /** The pool behind `db`, for its gauges. */
+    /**
+     * The same connections as a pg.Pool: for the API's body-building reads,
+     * each a statement prepared once at start (db/queries.ts, on
+     * db/statement.ts); a new JSON read goes there. Also the pool's gauges.
+     */
     dbPool: pg.Pool
     /** Where migrations go: DATABASE_URL, or the embedded database's loopback URL. */
     databaseUrl: string

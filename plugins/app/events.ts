@@ -1,65 +1,49 @@
 import { fastifySSE } from '@fastify/sse'
 import fp from 'fastify-plugin'
-import { EventHub } from './hub.js'
-import { WalWakeup } from './wakeup.js'
+import { durationMs } from '../../config.js'
+import { EventLog } from '../../events/index.js'
 
 declare module 'fastify' {
   interface FastifyInstance {
-    /** The process's one event poller, its subscribers, and the opening of every stream (plugins/app/events/hub.ts). */
-    events: EventHub
-    /** What wakes the poller between polls (plugins/app/events/wakeup.ts); undefined when it only polls. */
-    eventWakeup: WalWakeup | undefined
+    /** The process's event log (events/): its hub, streams, Durable Streams reads, wake-up and upkeep. */
+    events: EventLog
   }
 }
 
 /**
- * The event stream's machinery: @fastify/sse for the connection's life
- * (headers, Last-Event-ID, freeing a client the moment its response
- * closes), one EventHub polling the events table for all streams, and
- * what wakes it when something commits (EVENTS_WAKEUP; never on the
- * embedded database, which only polls).
+ * The event log (events/) as the application uses it: @fastify/sse for a
+ * stream's connection (headers, Last-Event-ID, freeing a client the moment
+ * its response closes), the log started when the server is ready, its
+ * streams ended before the server stops accepting (so that clients
+ * reconnect elsewhere and the close does not wait on them), its upkeep
+ * stopped last. The wake-up runs unless EVENTS_WAKEUP=off or on the
+ * embedded database (which only polls); the upkeep where this service may
+ * write (plugins/app/db.ts says where).
  */
 export default fp(async function eventsPlugin (app) {
+  const { config } = app
   // No heartbeat of @fastify/sse, for every route (the one place it is
-  // turned off): the hub's keep-alive, which also moves a filtered stream's
-  // cursor, is the only one (SSE_KEEPALIVE_MS).
+  // turned off): the event log's keep-alive, which also moves a filtered
+  // stream's cursor, is the only one (SSE_KEEPALIVE_MS).
   await app.register(fastifySSE, { heartbeatInterval: 0 })
-  const hub = new EventHub(app.db, {
-    pollIntervalMs: app.config.EVENTS_POLL_INTERVAL_MS,
-    wakeupPollIntervalMs: app.config.EVENTS_WAKEUP_POLL_INTERVAL_MS,
-    keepAliveMs: app.config.SSE_KEEPALIVE_MS,
-    windowBytes: app.config.EVENTS_WINDOW_BYTES,
-    maxStreams: app.config.SSE_MAX_STREAMS,
-    retryMs: app.config.SSE_RETRY_MS,
-    maxBufferedBytes: app.config.SSE_MAX_BUFFERED_BYTES,
-    slowClientMs: app.config.SSE_SLOW_CLIENT_TIMEOUT_MS,
-    log: app.log.child({ component: 'event-hub' })
+  const mode = config.EVENTS_WAKEUP
+  const events = new EventLog(app.db, {
+    pollIntervalMs: config.EVENTS_POLL_INTERVAL_MS,
+    wakeupPollIntervalMs: config.EVENTS_WAKEUP_POLL_INTERVAL_MS,
+    windowBytes: config.EVENTS_WINDOW_BYTES,
+    keepAliveMs: config.SSE_KEEPALIVE_MS,
+    maxStreams: config.SSE_MAX_STREAMS,
+    retryMs: config.SSE_RETRY_MS,
+    maxBufferedBytes: config.SSE_MAX_BUFFERED_BYTES,
+    slowClientMs: config.SSE_SLOW_CLIENT_TIMEOUT_MS,
+    wakeup: mode === 'off' || config.DATABASE_URL === undefined ? undefined : { mode, url: app.readDatabaseUrl, connectTimeoutMs: config.DB_CONNECT_TIMEOUT_MS },
+    upkeep: app.upkeepDatabaseUrl === undefined
+      ? undefined
+      : { url: app.upkeepDatabaseUrl, clockIntervalMs: config.EVENTS_CLOCK_INTERVAL_MS, retentionMs: config.EVENTS_RETENTION === undefined ? undefined : durationMs(config.EVENTS_RETENTION) },
+    log: app.log
   })
-  const mode = app.config.EVENTS_WAKEUP
-  const wakeup = mode === 'off' || app.config.DATABASE_URL === undefined
-    ? undefined
-    : new WalWakeup({
-      url: app.readDatabaseUrl,
-      mode,
-      connectTimeoutMs: app.config.DB_CONNECT_TIMEOUT_MS,
-      log: app.log.child({ component: 'event-wakeup' }),
-      onWake: () => { hub.wake() },
-      onLive: (live) => {
-        hub.wakeupLive = live
-        // Lost: poll now, and at the faster interval from then on.
-        if (!live) hub.wake()
-      }
-    })
-  app.decorate('events', hub)
-  app.decorate('eventWakeup', wakeup)
-  app.addHook('onReady', async () => {
-    hub.start()
-    wakeup?.start()
-  })
-  // Before the server stops accepting: end every stream so that clients
-  // reconnect (elsewhere) and the close does not wait on them.
-  app.addHook('preClose', async () => {
-    hub.stop()
-    await wakeup?.stop()
-  })
+  app.decorate('events', events)
+  app.addHook('onReady', async () => { events.start() })
+  app.addHook('preClose', async () => { await events.stopReading() })
+  app.addHook('onClose', async () => { await events.stopUpkeep() })
 }, { name: 'events', dependencies: ['db'] })

@@ -35,6 +35,13 @@ declare module 'fastify' {
      * offset: the same body may resume from different places).
      */
     sendCacheable (json: string, kind: CacheKind, variant?: string): FastifyReply
+    /**
+     * Sends a read's body with the event stream position it was read at,
+     * in X-Event-Cursor (docs/reference.md, "The event stream"): subscribe
+     * with after_event_id=<X-Event-Cursor> and nothing between is missed.
+     * Cached as state.
+     */
+    sendRead (read: { body: string, eventCursor: string }): FastifyReply
   }
 }
 
@@ -118,5 +125,8 @@ export default fp(async function httpCachePlugin (app) {
     // A route may have chosen its own JSON type (the Durable Streams routes: exactly `application/json`).
     if (!this.hasHeader('content-type')) this.type('application/json; charset=utf-8')
     return this.send(body)
+  })
+  app.decorateReply('sendRead', function (this: FastifyReply, read: { body: string, eventCursor: string }) {
+    return this.header('x-event-cursor', read.eventCursor).sendCacheable(read.body, 'state')
   })
 }, { name: 'http-cache', decorators: { fastify: ['config'] } })

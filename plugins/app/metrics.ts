@@ -1,150 +1,12 @@
 import fp from 'fastify-plugin'
-import type { FastifyReply, FastifyRequest, onResponseHookHandler } from 'fastify'
-import { collectDefaultMetrics, Counter, Gauge, Registry, type Metric, type MetricValueWithName } from 'prom-client'
-import { withRouteHook } from '../route-hooks.js'
-import { UNMATCHED } from './request-log.js'
+import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client'
 
 declare module 'fastify' {
   interface FastifyInstance {
     /** This application's Prometheus registry (served at /metrics). */
     metrics: Registry
-    /** The requests answered, by method, route and status (countRequests below). */
-    requestMetrics: RequestMetrics
   }
 }
-
-/** Upper bounds of http_request_duration_seconds' buckets, in seconds. */
-const DURATION_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
-
-/** The answers of one (method, route, status): their number, total duration, and durations by bucket (not cumulative; the last is +Inf). */
-interface AnswerSeries {
-  readonly method: string
-  readonly status: number
-  count: number
-  seconds: number
-  readonly buckets: number[]
-}
-
-/** The answers of one route, by method and status (a few of each: a list beats a map). */
-export class RouteAnswers {
-  readonly series: AnswerSeries[] = []
-  constructor (readonly route: string) {}
-
-  count (method: string, status: number, seconds: number): void {
-    let series: AnswerSeries | undefined
-    for (const candidate of this.series) {
-      if (candidate.status === status && candidate.method === method) { series = candidate; break }
-    }
-    if (series === undefined) {
-      series = { method, status, count: 0, seconds: 0, buckets: new Array<number>(DURATION_BUCKETS.length + 1).fill(0) }
-      this.series.push(series)
-    }
-    series.count++
-    series.seconds += seconds
-    let bucket = 0
-    while (bucket < DURATION_BUCKETS.length && seconds > DURATION_BUCKETS[bucket]!) bucket++
-    series.buckets[bucket]!++
-  }
-}
-
-/**
- * http_requests_total and http_request_duration_seconds, counted in plain
- * numbers and handed to prom-client's registry when it is read. (Its
- * Counter and Histogram validate and hash their labels on every inc and
- * observe: a tenth of /health's time, BENCHMARKS.md. A registry reads a
- * metric through its name and get(), which is what these two give it; the
- * exposition is prom-client's own, test/operations.test.ts reads it.)
- */
-export class RequestMetrics {
-  private readonly routes = new Map<string, RouteAnswers>()
-
-  /** The answers of a route pattern (the same object for the same pattern: GET and HEAD routes share it). */
-  route (pattern: string): RouteAnswers {
-    let answers = this.routes.get(pattern)
-    if (answers === undefined) {
-      answers = new RouteAnswers(pattern)
-      this.routes.set(pattern, answers)
-    }
-    return answers
-  }
-
-  private * allSeries (): Generator<{ labels: { method: string, route: string, status_code: string }, series: AnswerSeries }> {
-    for (const answers of this.routes.values()) {
-      for (const series of answers.series) yield { labels: { method: series.method, route: answers.route, status_code: String(series.status) }, series }
-    }
-  }
-
-  private reset (): void {
-    for (const answers of this.routes.values()) answers.series.length = 0
-  }
-
-  register (registry: Registry): void {
-    const total = {
-      name: 'http_requests_total',
-      help: 'HTTP requests answered, by route and status',
-      type: 'counter',
-      aggregator: 'sum',
-      get: async () => ({
-        name: total.name,
-        help: total.help,
-        type: total.type,
-        aggregator: total.aggregator,
-        values: [...this.allSeries()].map(({ labels, series }) => ({ labels, value: series.count }))
-      }),
-      reset: () => { this.reset() }
-    } as const
-    const durations = {
-      name: 'http_request_duration_seconds',
-      help: 'Time to answer an HTTP request (for an event stream: how long it stayed open)',
-      type: 'histogram',
-      aggregator: 'sum',
-      get: async () => {
-        const values: Array<MetricValueWithName<string>> = []
-        for (const { labels, series } of this.allSeries()) {
-          let below = 0
-          series.buckets.forEach((count, bucket) => {
-            below += count
-            values.push({ metricName: `${durations.name}_bucket`, labels: { le: DURATION_BUCKETS[bucket] ?? '+Inf', ...labels }, value: below })
-          })
-          values.push({ metricName: `${durations.name}_sum`, labels, value: series.seconds })
-          values.push({ metricName: `${durations.name}_count`, labels, value: series.count })
-        }
-        return { name: durations.name, help: durations.help, type: durations.type, aggregator: durations.aggregator, values }
-      },
-      reset: () => { this.reset() }
-    } as const
-    registry.registerMetric(total as unknown as Metric)
-    registry.registerMetric(durations as unknown as Metric)
-  }
-}
-
-/**
- * Counts every request's answer. Each route counts its own (a hook of the
- * route knows its pattern without asking the request); answers no route
- * matched are counted by the application's hook. Registered by app.ts
- * before any plugin, so that every route, /docs and /openapi.json
- * included, gets its hook (Fastify's onRoute sees only the routes added
- * after it).
- */
-export const countRequests = fp(async function countRequests (app) {
-  const requests = new RequestMetrics()
-  app.decorate('requestMetrics', requests)
-  const countIn = (answers: RouteAnswers, request: FastifyRequest, reply: FastifyReply) =>
-    answers.count(request.method, reply.statusCode, reply.elapsedTime / 1000)
-  app.addHook('onRoute', (route) => {
-    const answers = requests.route(route.url)
-    const count: onResponseHookHandler = (request, reply, done) => {
-      countIn(answers, request, reply)
-      done()
-    }
-    route.onResponse = withRouteHook(route.onResponse, count)
-  })
-  const unmatched = requests.route(UNMATCHED)
-  app.addHook('onResponse', (request, reply, done) => {
-    if (request.is404) countIn(unmatched, request, reply)
-    done()
-  })
-}, { name: 'request-metrics' })
 
 /**
  * Prometheus metrics: requests and their duration per route and status,
@@ -158,7 +20,8 @@ export default fp(async function metricsPlugin (app) {
   collectDefaultMetrics({ register: registry })
 
   app.requestMetrics.register(registry)
-  const { dbPool, events, eventLog } = app
+  const { dbPool } = app
+  const { hub, streams, durable, reader, wakeup: eventWakeup, upkeep: eventLog } = app.events
   new Gauge({ // eslint-disable-line no-new
     name: 'db_pool_connections',
     help: 'Connections of the request pool: total open, idle, and requests waiting for one',
@@ -174,68 +37,68 @@ export default fp(async function metricsPlugin (app) {
     name: 'event_streams_open',
     help: 'Event streams (SSE subscribers) open on this process',
     registers,
-    collect () { this.set(events.size) }
+    collect () { this.set(streams.size) }
   })
   new Gauge({ // eslint-disable-line no-new
     name: 'event_long_polls_waiting',
     help: 'Durable Streams long-polls waiting for events on this process (served from memory)',
     registers,
-    collect () { this.set(events.waiting) }
+    collect () { this.set(durable.waiting) }
   })
   new Gauge({ // eslint-disable-line no-new
     name: 'event_streams_buffered_bytes',
     help: 'Bytes written to event streams and not yet taken by their clients',
     registers,
-    collect () { this.set(events.bufferedBytes) }
+    collect () { this.set(streams.bufferedBytes) }
   })
   new Gauge({ // eslint-disable-line no-new
     name: 'event_poller_lag_seconds',
     help: 'Seconds since the event poller last read the events table successfully (-1 before its first read)',
     registers,
-    collect () { this.set(events.lastPollAt === 0 ? -1 : (Date.now() - events.lastPollAt) / 1000) }
+    collect () { this.set(hub.lastPollAt === 0 ? -1 : (Date.now() - hub.lastPollAt) / 1000) }
   })
   new Gauge({ // eslint-disable-line no-new
     name: 'event_settle_wait_seconds',
     help: 'Seconds event delivery has waited for an event id still in flight to settle (0 when not waiting)',
     registers,
-    collect () { this.set(events.settleWaitSeconds) }
+    collect () { this.set(hub.settleWaitSeconds) }
   })
   new Gauge({ // eslint-disable-line no-new
     name: 'event_settle_prepared_writers',
     help: 'Prepared transactions (PREPARE TRANSACTION) that drew an event id or used the events sequence and are still open: each holds delivery past its ids until COMMIT PREPARED or ROLLBACK PREPARED',
     registers,
-    collect () { this.set(events.state?.preparedWriters ?? 0) }
+    collect () { this.set(hub.state?.preparedWriters ?? 0) }
   })
   new Gauge({ // eslint-disable-line no-new
     name: 'event_settled_age_seconds',
     help: 'Seconds since the event log\'s keeper last published the settled position (-1 before it first did); growing past a few EVENTS_CLOCK_INTERVAL_MS means no replica keeps the log',
     registers,
-    collect () { this.set(events.state?.settledAge ?? -1) }
+    collect () { this.set(hub.state?.settledAge ?? -1) }
   })
   new Gauge({ // eslint-disable-line no-new
     name: 'event_log_epoch',
     help: 'The event log\'s epoch: it moves on when event ids may have been handed out again (a failover to a standby that lost commits, a sequence moved back)',
     registers,
-    collect () { this.set(events.state?.epoch ?? 0) }
+    collect () { this.set(hub.state?.epoch ?? 0) }
   })
   new Gauge({ // eslint-disable-line no-new
     name: 'event_poller_head',
     help: 'The settled position the poller has handed to streams: every event at or below it is delivered or never commits',
     registers,
-    collect () { this.set(events.head ?? 0) }
+    collect () { this.set(hub.head ?? 0) }
   })
 
   new Gauge({ // eslint-disable-line no-new
     name: 'event_window_bytes',
     help: 'Bytes of recent events held in memory for the catch-up of resuming streams (EVENTS_WINDOW_BYTES at most)',
     registers,
-    collect () { this.set(events.window?.bytes ?? 0) }
+    collect () { this.set(hub.window?.bytes ?? 0) }
   })
   new Gauge({ // eslint-disable-line no-new
     name: 'event_window_events',
     help: 'Recent events held in memory for the catch-up of resuming streams',
     registers,
-    collect () { this.set(events.window?.size ?? 0) }
+    collect () { this.set(hub.window?.size ?? 0) }
   })
   new Counter({ // eslint-disable-line no-new
     name: 'event_catch_up_reads_total',
@@ -244,13 +107,12 @@ export default fp(async function metricsPlugin (app) {
     registers,
     collect () {
       this.reset()
-      this.inc({ source: 'memory' }, events.catchUps.memory)
-      this.inc({ source: 'database' }, events.catchUps.database)
+      this.inc({ source: 'memory' }, reader.catchUps.memory)
+      this.inc({ source: 'database' }, reader.catchUps.database)
     }
   })
 
   // The wake-up (EVENTS_WAKEUP): absent when the poller only polls.
-  const { eventWakeup } = app
   if (eventWakeup !== undefined) {
     new Gauge({ // eslint-disable-line no-new
       name: 'event_wakeup_live',
@@ -307,4 +169,4 @@ export default fp(async function metricsPlugin (app) {
   }
 
   app.decorate('metrics', registry)
-}, { name: 'metrics', dependencies: ['request-metrics', 'db', 'events', 'event-log'] })
+}, { name: 'metrics', dependencies: ['request-metrics', 'db', 'events'] })

@@ -1,8 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
-import { listEvents, type EventFilter } from '../../db/events.js'
+import { assertEventCursorKept, listEvents, type EventFilter } from '../../events/index.js'
 import { queryScope } from '../../plugins/app/auth/stream-tokens.js'
-import { assertCursorKept } from '../../plugins/app/events/hub.js'
 import { AfterEventId, CACHE_CONTROL_DOCS, ConditionalHeaders, DEFAULT_EVENTS_LIMIT, eventCursorErrors, EventsQuery, notModified, parseEventCursor, parseLimit, readResponse, StreamHeaders, StreamQuery } from '../../schemas/api.js'
 
 /** The filters given (an empty one is refused by the schema). */
@@ -17,7 +16,7 @@ function toFilter (query: { run_id?: string, thread_id?: string }): EventFilter 
 const { 503: _retried, ...streamErrors } = eventCursorErrors
 
 const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const hub = app.events
+  const { events } = app
 
   app.get('/events/stream', {
     sse: { kind: 'manual' },
@@ -45,7 +44,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const resumeAfter = header
       ? parseEventCursor(header, StreamHeaders.properties['last-event-id'])
       : request.query.after_event_id === undefined ? undefined : parseEventCursor(request.query.after_event_id, AfterEventId)
-    await hub.open(reply, toFilter(request.query), resumeAfter === undefined ? 'tail' : { afterId: resumeAfter, name: cursorName })
+    await events.streams.open(reply, toFilter(request.query), resumeAfter === undefined ? 'tail' : { afterId: resumeAfter, name: cursorName })
   })
 
   app.get('/events', {
@@ -62,11 +61,11 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const { after_event_id: after } = request.query
     const limit = parseLimit(request.query.limit) ?? DEFAULT_EVENTS_LIMIT
     const afterId = after === undefined ? undefined : parseEventCursor(after, AfterEventId)
-    const page = await listEvents(app.db, afterId, toFilter(request.query), limit, await hub.ready())
-    if (afterId !== undefined) assertCursorKept('after_event_id', afterId, page.state)
+    const page = await listEvents(app.db, afterId, toFilter(request.query), limit, await events.ready())
+    if (afterId !== undefined) assertEventCursorKept('after_event_id', afterId, page.state)
     // A full page after an explicit cursor is final; one from the floor moves with it (EVENTS_RETENTION).
     const kind = page.full && afterId !== undefined ? 'immutable' : 'recent'
-    return reply.header('x-event-cursor', page.cursor).sendCacheable(page.body, kind)
+    return reply.header('x-event-cursor', page.eventCursor).sendCacheable(page.body, kind)
   })
 }
 

@@ -2,7 +2,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify'
 import { getRunDetail, listBlockedTasks, listRunTasks, listRuns, type PageKey, type PagedBody } from '../../db/queries.js'
 import { invalidParameter, notFound } from '../../errors.js'
-import { CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageCursor, PageQuery, parseLimit, parseStatuses, readResponse, RunParams, RunsQuery } from '../../schemas/api.js'
+import { CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageKeyParam, PageQuery, parseLimit, parseStatuses, readResponse, RunParams, RunsQuery } from '../../schemas/api.js'
 
 // ---- keyset paging (docs/reference.md, "Ordering and pages") -----------------------------------
 
@@ -25,13 +25,13 @@ function decodePageKey (text: string): PageKey {
   try {
     decoded = JSON.parse(Buffer.from(text, 'base64url').toString('utf8'))
   } catch {
-    throw invalidParameter(PageCursor)
+    throw invalidParameter(PageKeyParam)
   }
-  if (!Array.isArray(decoded) || decoded.length !== 2) throw invalidParameter(PageCursor)
+  if (!Array.isArray(decoded) || decoded.length !== 2) throw invalidParameter(PageKeyParam)
   const [createdAt, id] = decoded as unknown[]
   if (typeof createdAt !== 'string' || !PAGE_KEY_TIMESTAMP.test(createdAt) || Number.isNaN(Date.parse(createdAt)) ||
       typeof id !== 'string' || id.includes('\u0000')) {
-    throw invalidParameter(PageCursor)
+    throw invalidParameter(PageKeyParam)
   }
   return { createdAt, id }
 }

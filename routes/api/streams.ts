@@ -1,10 +1,8 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyReply } from 'fastify'
 import { Type, type Static } from 'typebox'
-import { streamSubjectExists, type EventFilter, type StoredEvent } from '../../db/events.js'
 import { ApiError, CursorBeyondError, invalidParameter, notFound, offsetBeyond } from '../../errors.js'
-import { durableSseFormat, encodeOffset, parseCursor, parseOffset, streamCursor } from '../../plugins/app/events/durable.js'
-import type { StreamPage } from '../../plugins/app/events/hub.js'
+import { durableSseFormat, encodeOffset, nextStreamCursor, parseOffset, parseStreamCursor, streamSubjectExists, type EventFilter, type StoredEvent, type StreamPage } from '../../events/index.js'
 import type { StreamScope } from '../../plugins/app/auth/stream-tokens.js'
 import { NO_STORE } from '../../plugins/app/http-cache.js'
 import { commonErrors, ConditionalHeaders, DurableStreamQuery, errorResponse, RunParams, StreamOffsetParam, ThreadParams } from '../../schemas/api.js'
@@ -13,7 +11,7 @@ import { commonErrors, ConditionalHeaders, DurableStreamQuery, errorResponse, Ru
  * The event log under the Durable Streams protocol, read path only
  * (docs/reference.md, "Durable Streams"): /api/streams/events, /runs/{run_id} and
  * /threads/{thread_id}; catch-up, long-poll and SSE. Everything is served
- * by the events plugin's one poller, fan-out and settled head; this file
+ * by the event log's one poller, fan-out and settled head (events/); this file
  * parses, validates and writes the protocol's headers.
  */
 
@@ -65,7 +63,7 @@ const STREAMS = [
 const streamScope = (filter: EventFilter): StreamScope => ({ run_id: filter.runId, thread_id: filter.threadId })
 
 const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const hub = app.events
+  const { events } = app
   const { STREAMS_LONG_POLL_MS, STREAMS_SSE_MAX_MS } = app.config
   /** Runs and threads found to exist, and when (they are not deleted while watched; a minute bounds the error). */
   const known = new Map<string, number>()
@@ -117,24 +115,24 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     // The protocol: a live read names where it starts; only a catch-up may leave it out (then: -1).
     if (live !== undefined && query.offset === undefined) throw invalidParameter(StreamOffsetParam)
     const offset = parseOffset(query.offset)
-    const cursor = parseCursor(query.cursor)
+    const cursor = parseStreamCursor(query.cursor)
     reply.header('cross-origin-resource-policy', 'cross-origin')
     await checkExists(filter)
     if (live === 'sse') {
       const start = offset === 'now' ? 'tail' : offset === 'oldest' ? 'oldest' : { afterId: offset, name: 'offset' }
-      const format = (head: () => number) => durableSseFormat(head, () => streamCursor(Date.now(), cursor))
-      return hub.open(reply, filter, start, { format, maxMs: STREAMS_SSE_MAX_MS }).catch(renameCursorErrors)
+      const format = (head: () => number) => durableSseFormat(head, () => nextStreamCursor(Date.now(), cursor))
+      return events.streams.open(reply, filter, start, { format, maxMs: STREAMS_SSE_MAX_MS }).catch(renameCursorErrors)
     }
     if (live === 'long-poll') {
       // Stopped only when the client leaves before its answer (a 'close' after the answer is every request's).
       const whenGone = (stop: () => void) => reply.raw.once('close', () => { if (!reply.raw.writableEnded) stop() })
-      const page = await hub.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone).catch(renameCursorErrors)
-      reply.header('stream-cursor', streamCursor(Date.now(), cursor))
+      const page = await events.durable.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone).catch(renameCursorErrors)
+      reply.header('stream-cursor', nextStreamCursor(Date.now(), cursor))
       if (page.events.length > 0) return sendPage(reply, page)
       return reply.code(204).header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')
         .header('cache-control', NO_STORE).send()
     }
-    const page = await hub.page(offset, filter, 'offset', true).catch(renameCursorErrors)
+    const page = await events.durable.page(offset, filter, 'offset', true).catch(renameCursorErrors)
     if (offset !== 'now') return sendPage(reply, page)
     // The tail moves: never cached, no ETag (the protocol's rule for offset=now).
     return reply.header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')
@@ -174,7 +172,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     }, async (request, reply) => {
       const filter = stream.filter(request.params as Record<string, string>)
       await checkExists(filter)
-      const page = await hub.page('now', filter, 'offset', true)
+      const page = await events.durable.page('now', filter, 'offset', true)
       return reply.header('stream-next-offset', encodeOffset(page.next)).header('cache-control', NO_STORE)
         .header('cross-origin-resource-policy', 'cross-origin').type(DURABLE_JSON).send()
     })

@@ -1,0 +1,129 @@
+import type { Db } from '../../db/schema.js'
+import type { EventHub } from '../hub.js'
+import { freshEventsAfterKept, settledNow, type EventFilter, type LogState, type StoredEvent } from '../log.js'
+import { assertEventCursorKept, CATCH_UP_PAGE_SIZE, reportable, type EventReader } from '../reader.js'
+import type { StreamOffset } from './offsets.js'
+import { Waiter } from './waiter.js'
+
+/** A page of a Durable Streams read: its events, the settled position it reaches, and whether that is the head. */
+export interface StreamPage {
+  events: StoredEvent[]
+  next: number
+  upToDate: boolean
+}
+
+/**
+ * How long a catch-up read waits for a writer in flight below events
+ * already committed, before it answers without them (not up to date).
+ */
+export const PENDING_WAIT_MS = 1000
+
+/**
+ * The Durable Streams reads that answer with a page (docs/reference.md,
+ * "Durable Streams"): a catch-up (at once) and a long-poll (waiting in
+ * memory on the hub's fan-out, no query per waiter). Their SSE mode is a
+ * stream (sse/streams.ts).
+ */
+export class DurableReads {
+  readonly #waiters = new Set<Waiter>()
+
+  constructor (private readonly db: Db, private readonly hub: EventHub, private readonly reader: EventReader) {}
+
+  /** Long-polls waiting for events. */
+  get waiting (): number {
+    return this.#waiters.size
+  }
+
+  /**
+   * A catch-up page: the events after `offset`, up to the settled head,
+   * and the position the client resumes from (never below its own offset:
+   * a replica behind the one that handed it out serves nothing until it
+   * catches up).
+   *
+   * `fresh` (a plain catch-up GET or HEAD, which says up to date): up to the
+   * settled position of a snapshot taken now, as GET /api/events reads, so
+   * that what was committed before the request is in it; the hub's head may
+   * be a poll behind. A long-poll's own catch-up keeps the head (no query
+   * per waiter: what lies above it comes from the hub's next polls).
+   */
+  async page (offset: StreamOffset, filter: EventFilter, name: string, fresh = false): Promise<StreamPage> {
+    const { hub, reader } = this
+    const known = await hub.ready()
+    // The tail is always as a read sees it now.
+    if (offset === 'now') return { events: [], next: reportable(hub.state!, Math.max(known, await settledNow(this.db, known))), upToDate: true }
+    if (!fresh) {
+      if (offset !== 'oldest') return this.#pageOf(await reader.readAfter(offset, filter, name, known), Math.max(offset, known))
+      return this.#oldestPage(await reader.readKept(0, filter, known), known)
+    }
+    // `settledBy`: a position settled before the read (the hub's head, once it moved past what the read waits for).
+    const read = (settledBy: number) => freshEventsAfterKept(this.db, offset === 'oldest' ? 0 : offset, filter, CATCH_UP_PAGE_SIZE, settledBy)
+    let fresher = await read(known)
+    // Every event committed before this read is at or below `pendingTo`.
+    const { pendingTo } = fresher
+    if (pendingTo !== undefined && fresher.events.length < CATCH_UP_PAGE_SIZE) {
+      // Some of them lie above the settled position, behind a writer in
+      // flight: wait a little for it (the keeper settles most in
+      // milliseconds), so that a client reading on does not spin.
+      await hub.headPast(pendingTo - 1, PENDING_WAIT_MS)
+      fresher = await read(Math.max(known, hub.head!))
+    }
+    const { state, position, events } = fresher
+    const head = Math.max(known, position)
+    let page: StreamPage
+    if (offset === 'oldest') {
+      page = this.#oldestPage({ state, events }, head)
+    } else {
+      assertEventCursorKept(name, offset, state)
+      page = this.#pageOf(events, Math.max(offset, head))
+    }
+    // Up to date only with every matching event committed before the read.
+    return pendingTo !== undefined && position < pendingTo ? { ...page, upToDate: false } : page
+  }
+
+  /**
+   * A long-poll: the catch-up page when it has events, else the events
+   * that the hub's next polls hand out, from memory, as soon as a poll ends
+   * with one (no query per waiter), else, after `timeoutMs` or when the
+   * client goes away (`whenGone` calls the function it is handed), none and
+   * the head.
+   */
+  async longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
+    const { hub } = this
+    const head = await hub.ready()
+    const waiter = new Waiter(filter, offset === 'now' ? head : offset === 'oldest' ? 0 : offset, CATCH_UP_PAGE_SIZE)
+    // Listening before the catch-up read, for the reason a stream subscribes first (sse/streams.ts).
+    this.#waiters.add(waiter)
+    hub.listen(waiter)
+    try {
+      if (offset === 'now') {
+        // The tail as a plain read sees it now (the hub's head may be a poll behind): only what commits after it.
+        waiter.raiseTo((await this.page('now', filter, name, true)).next)
+      } else {
+        const page = await this.page(offset, filter, name)
+        if (page.events.length > 0) return page
+      }
+      await waiter.wait(timeoutMs, whenGone)
+    } finally {
+      this.#waiters.delete(waiter)
+      hub.unlisten(waiter)
+    }
+    // Between two awaits the head covers every event handed out.
+    return this.#pageOf(waiter.events, Math.max(waiter.afterId, hub.head!))
+  }
+
+  /** A page from `-1`: it starts above the floor (rows at or below it may linger until their partition goes). */
+  #oldestPage ({ state, events }: { state: LogState, events: StoredEvent[] }, head: number): StreamPage {
+    return { ...this.#pageOf(events, head), events: events.filter((event) => event.id > state.floor) }
+  }
+
+  /**
+   * A page of `events`: a full one resumes after its last event, any other
+   * at `head` (everything matching up to it was read), or past it when the
+   * window moved on while it was read.
+   */
+  #pageOf (events: StoredEvent[], head: number): StreamPage {
+    const full = events.length >= CATCH_UP_PAGE_SIZE
+    const last = events.at(-1)?.id ?? head
+    return { events, next: full ? last : reportable(this.hub.state!, Math.max(head, last)), upToDate: !full }
+  }
+}

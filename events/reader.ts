@@ -1,0 +1,80 @@
+import type { Db } from '../db/schema.js'
+import { cursorExpired, CursorBeyondError, cursorReissued, timelinePending } from '../errors.js'
+import type { EventHub } from './hub.js'
+import { eventsAfterKept, reissuedRange, type EventFilter, type LogState, type StoredEvent } from './log.js'
+
+/** Events read per catch-up query of a stream or page that resumes from an older cursor. */
+export const CATCH_UP_PAGE_SIZE = 500
+
+/**
+ * Throws when a client's event cursor (`name`: after_event_id,
+ * Last-Event-ID, an offset) cannot be served as it stands: below the
+ * history's floor, or inside a range of ids that a failover handed out
+ * again (410 cursor_expired: the client refetches); above what is settled
+ * while the database is on a timeline its keeper has not recorded yet (a
+ * transient refusal: the client retries; the promoted sequence may not
+ * have reached ids the old primary handed out); above every id the
+ * sequence has handed out (400: it would wait forever). A cursor merely
+ * ahead of the settled position waits.
+ */
+export function assertEventCursorKept (name: string, cursor: number, state: LogState): void {
+  if (cursor < state.floor) throw cursorExpired(name, cursor, state.floor)
+  const reissued = reissuedRange(state, cursor)
+  if (reissued !== undefined) throw cursorReissued(name, cursor, ...reissued)
+  if (state.newTimeline && cursor > state.settled) throw timelinePending(name)
+  if (cursor > state.drawn) throw new CursorBeyondError(name, cursor, state.drawn)
+}
+
+/** A position as a client may be given it: inside a range reissued after a failover, the position that range starts at. */
+export const reportable = (state: LogState, position: number) => reissuedRange(state, position)?.[0] ?? position
+
+/**
+ * The reads after an event cursor that streams and Durable Streams pages
+ * catch up with: a page of events from the hub's window of recent events
+ * when it holds them all, else from the table, never past a settled
+ * position.
+ */
+export class EventReader {
+  /** Catch-ups served from the window and from the table, since start (a metric). */
+  readonly catchUps = { memory: 0, database: 0 }
+
+  constructor (private readonly db: Db, private readonly hub: EventHub) {}
+
+  /**
+   * Up to `limit` events after `afterId` matching `filter`, from memory,
+   * when the window holds every one of them; undefined when the table must
+   * be read. Never past the hub's head (the settled position).
+   */
+  recentAfter (afterId: number, filter: EventFilter, limit: number): StoredEvent[] | undefined {
+    const window = this.hub.window
+    if (window === undefined || !window.covers(afterId)) {
+      this.catchUps.database++
+      return undefined
+    }
+    this.catchUps.memory++
+    return window.after(afterId, filter, limit)
+  }
+
+  /**
+   * Up to a page of events after `afterId`, never past `upTo` (a settled
+   * head: what lies above it reaches a stream live), with the history's
+   * floor: from the window of recent events when it holds them all (then
+   * nothing after `afterId` has gone: the floor is not read), else from the
+   * table, the floor read in the same statement.
+   */
+  async readKept (afterId: number, filter: EventFilter, upTo: number): Promise<{ state: LogState, events: StoredEvent[] }> {
+    const { head, state } = this.hub
+    // The window ends at the hub's head: a read up to a fresher position goes to the table. So does a
+    // cursor above the ids drawn when the hub last polled: handed out since, or never (assertEventCursorKept).
+    const recent = upTo > head! || afterId > state!.drawn ? undefined : this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
+    if (recent !== undefined) return { state: { ...state!, floor: 0 }, events: recent }
+    return eventsAfterKept(this.db, afterId, filter, CATCH_UP_PAGE_SIZE, upTo)
+  }
+
+  /** As readKept, for an event cursor named `name` that a client gave (assertEventCursorKept). */
+  async readAfter (afterId: number, filter: EventFilter, name: string, upTo = this.hub.head!): Promise<StoredEvent[]> {
+    const { state, events } = await this.readKept(afterId, filter, upTo)
+    assertEventCursorKept(name, afterId, state)
+    return events
+  }
+}

@@ -1,0 +1,151 @@
+import type { FastifyBaseLogger, FastifyReply } from 'fastify'
+import type { Db } from '../../db/schema.js'
+import { ApiError } from '../../errors.js'
+import type { EventHub } from '../hub.js'
+import { settledNow, type EventFilter, type StoredEvent } from '../log.js'
+import { CATCH_UP_PAGE_SIZE, type EventReader } from '../reader.js'
+import { Subscriber, type StreamFormat, type SubscriberOptions } from './subscriber.js'
+
+export interface StreamsOptions {
+  keepAliveMs: number
+  /** The most streams open at once (SSE_MAX_STREAMS): past it, a new one is refused as a retry. */
+  maxStreams: number
+  /** The `retry:` sent at connect (SSE_RETRY_MS). */
+  retryMs: number
+  /** SSE_MAX_BUFFERED_BYTES and SSE_SLOW_CLIENT_TIMEOUT_MS: see Subscriber. */
+  maxBufferedBytes: number
+  slowClientMs: number
+  log: FastifyBaseLogger
+}
+
+/**
+ * Where a stream starts: after an event id a client gave (named `name` in
+ * errors), at the current end, or at the oldest event kept.
+ */
+export type StreamStart = { afterId: number, name: string } | 'tail' | 'oldest'
+
+/** What makes a stream a Durable Streams SSE stream: its wire format (given the head it is up to date at), and when the server ends it. */
+export interface DurableStreamOptions {
+  format: (head: () => number) => StreamFormat
+  maxMs: number
+}
+
+/**
+ * The life of every open stream, from the route's reply to its end: the
+ * stream limit, the subscription to the hub's fan-out, the first read and
+ * the catch-up (from the event reader), then live events, keep-alives and
+ * the end. Routes parse and validate, then hand it the reply.
+ */
+export class EventStreams {
+  readonly #subscribers = new Set<Subscriber>()
+  readonly #subscriberOptions: SubscriberOptions
+
+  constructor (private readonly db: Db, private readonly hub: EventHub, private readonly reader: EventReader, readonly options: StreamsOptions) {
+    this.#subscriberOptions = {
+      // A stream still catching up when the history's floor passes it ends: its client's reconnect gets the 410.
+      readAfter: (afterId, filter) => reader.readAfter(afterId, filter, 'the stream\'s position'),
+      pageSize: CATCH_UP_PAGE_SIZE,
+      maxBufferedBytes: options.maxBufferedBytes,
+      slowClientMs: options.slowClientMs,
+      onDrop: (subscriber, reason, err) => {
+        const details = { filter: subscriber.filter, lastId: subscriber.lastId }
+        if (err instanceof ApiError && err.code === 'cursor_expired') {
+          options.log.info(details, 'event stream ended: the history\'s floor passed it while it caught up (EVENTS_RETENTION); its client\'s reconnect is answered 410')
+        } else {
+          options.log.warn({ err, ...details }, `event stream ended: ${reason}`)
+        }
+      }
+    }
+  }
+
+  get size (): number {
+    return this.#subscribers.size
+  }
+
+  /** Bytes written to streams and not yet taken by their clients, over all streams. */
+  get bufferedBytes (): number {
+    let total = 0
+    for (const subscriber of this.#subscribers) total += subscriber.response.writableLength
+    return total
+  }
+
+  /**
+   * Opens a stream on `reply` (an @fastify/sse reply): every committed
+   * event matching `filter` after `start`, exactly once, ascending, then
+   * live; in the Durable Streams SSE format, and ended after a while, when
+   * `durable` says so. Throws before any byte is sent (410, or a transient
+   * refusal the error handler answers as a retry); after that, failures end
+   * the stream and its client resumes from its last position.
+   */
+  async open (reply: FastifyReply, filter: EventFilter, start: StreamStart, durable?: DurableStreamOptions): Promise<void> {
+    if (this.size >= this.options.maxStreams) {
+      throw new ApiError('unavailable', `this instance already serves ${this.options.maxStreams} event streams, retry shortly or on another instance`)
+    }
+    const { hub, reader } = this
+    const known = await hub.ready()
+    // A Durable Streams read says when it is up to date: it reads up to the
+    // position a read now sees (the hub's head may be a poll behind), set below.
+    let upTo = 0
+    const head = () => Math.max(hub.head!, upTo)
+    const options = durable === undefined
+      ? this.#subscriberOptions
+      : { ...this.#subscriberOptions, readAfter: (afterId: number, filter: EventFilter) => reader.readAfter(afterId, filter, 'the stream\'s position', head()) }
+    const subscriber = new Subscriber(reply.raw, filter, typeof start === 'object' ? start.afterId : 0, options, durable?.format(head))
+    // Subscribed before reading the table: whatever the hub polls from now
+    // on reaches this subscriber, and whatever it polled before, the reads
+    // below see (see docs/stream.md, "How it works", for the argument).
+    this.#subscribe(subscriber)
+    reply.sse.onClose(() => this.#unsubscribe(subscriber))
+
+    let firstPage: StoredEvent[] | undefined = []
+    try {
+      if (start === 'tail') {
+        subscriber.lastId = await settledNow(this.db, known)
+      } else {
+        if (durable !== undefined) upTo = await settledNow(this.db, known)
+        if (start === 'oldest') {
+          const { state: { floor }, events } = await reader.readKept(0, filter, head())
+          subscriber.lastId = floor
+          // Rows at or below the floor that linger: the catch-up reads again from the floor.
+          firstPage = events.some((event) => event.id <= floor) ? undefined : events
+        } else {
+          firstPage = await reader.readAfter(start.afterId, filter, start.name, head())
+        }
+      }
+    } catch (err) {
+      this.#unsubscribe(subscriber)
+      throw err // before any byte is sent: the client gets the 410 envelope, or a retry (plugins/app/errors.ts)
+    }
+
+    if (!reply.sse.isConnected) return
+    reply.sse.keepAlive()
+    reply.sse.sendHeaders()
+    if (durable !== undefined) {
+      // The protocol's SSE connections end now and then, so that a cache in front collapses the reconnects.
+      const timer = setTimeout(() => subscriber.end(), durable.maxMs)
+      reply.raw.once('close', () => clearTimeout(timer))
+    }
+    subscriber.write(`retry: ${this.options.retryMs}\n\n`)
+    await subscriber.catchUp(firstPage)
+  }
+
+  /** Heartbeats for the streams that have been quiet for keepAliveMs (after each of the hub's ticks). */
+  sweep (now: number, head: number): void {
+    for (const subscriber of this.#subscribers) subscriber.heartbeat(now, head, this.options.keepAliveMs)
+  }
+
+  /** Ends every open stream cleanly; their clients reconnect and resume from their last id. */
+  endAll (): void {
+    for (const subscriber of this.#subscribers) subscriber.end()
+  }
+
+  #subscribe (subscriber: Subscriber): void {
+    this.#subscribers.add(subscriber)
+    this.hub.listen(subscriber)
+  }
+
+  /** Idempotent: a stream may be released by its close and by a failed start alike. */
+  #unsubscribe (subscriber: Subscriber): void {
+    if (this.#subscribers.delete(subscriber)) this.hub.unlisten(subscriber)
+  }
+}
