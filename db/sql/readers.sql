@@ -1,0 +1,70 @@
+-- What a reader asks before it reads events: how far it may read, and
+-- whether a client's cursor names an id the log ever had.
+--
+-- events_settled(known): the settled position of the CALLING statement's
+-- snapshot. Every id at or below it is visible to that snapshot or will
+-- never commit, so a read of the events up to it skips nothing that
+-- commits later. It starts from the highest of:
+--
+-- - `known`, a position settled before the statement began (the poller's
+--   head);
+-- - the keeper's published position (event_log_state.settled, keeper.sql);
+-- - the history's floor (every id at or below it was dropped by retention,
+--   or never commits);
+--
+-- and extends it over the whole run of visible ids just above it: with no
+-- hole there is nothing to wait for, so an event that commits with every
+-- id below it visible is settled by the next read, however long the run
+-- (a burst of thousands of events in one transaction). The walk finds the
+-- first visible id whose successor is not visible, by index, one probe per
+-- id of the run, and stops after 1,000,000 ids a statement, so that no
+-- statement grows with a history nothing settled (a log bulk-loaded while
+-- no service ran). Inside a range of ids reissued after a failover, the
+-- answer is the position the range starts at, so a cursor in it answers
+-- 410. STABLE, so its queries read the calling statement's snapshot: the
+-- position is that snapshot's. PL/pgSQL, so a session keeps its plans (a
+-- SQL function of several statements is planned again at every call).
+-- Every read of the API reports it (X-Event-Cursor, db/settled-position.ts).
+--
+-- events_drawn(): the highest id the sequence has handed out. A client's
+-- cursor above it names no event the log ever had, and is answered 400 at
+-- once rather than waited on forever. Null on a hot standby, whose
+-- sequence is only as far as it has replayed (a cursor another server
+-- handed out may be above it and still to come). It reads the sequence as
+-- a relation: pg_sequence_last_value() would take the lock by which the
+-- keeper's census counts the writers in flight, and every read would hold
+-- the settled position back. Security definer (its search_path fixed, as
+-- keeper.sql says), since a read-only role is granted the tables only
+-- (docs/operating.md), not the sequence.
+--
+-- Not a migration: a change is made by a new migration, then copied here
+-- (test/sql-definitions.test.ts fails while the two differ).
+
+create or replace function events_settled(known bigint) returns bigint
+language plpgsql stable as $$
+declare
+  p bigint;
+  ranges int8multirange;
+  reached bigint;
+begin
+  select greatest(known, s.settled, s.history_floor), s.reissued into p, ranges from event_log_state s;
+  if exists (select 1 from events e where e.event_id = p + 1) then
+    select e.event_id into reached from events e
+      where e.event_id > p and e.event_id <= p + 1000000
+        and not exists (select 1 from events n where n.event_id = e.event_id + 1)
+      order by e.event_id limit 1;
+    p := coalesce(reached, p + 1000000);
+  end if;
+  return coalesce((select lower(r) - 1 from unnest(ranges) r where p <@ r), p);
+end
+$$;
+
+create or replace function events_drawn() returns bigint
+language plpgsql volatile security definer set search_path from current as $$
+begin
+  if pg_is_in_recovery() then
+    return null;
+  end if;
+  return (select case when s.is_called then s.last_value else s.last_value - 1 end from events_event_id_seq s);
+end
+$$;
