@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process'
 import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -5,7 +6,9 @@ import t from 'tap'
 import { ConfigSchema } from '../config.js'
 
 // The documentation names every setting the code reads: the README's table
-// and .env.example stay in step with config.ts; and every path it names exists.
+// and .env.example stay in step with config.ts; every path it names exists;
+// and the README's layout names every top-level folder, each of which has a
+// README of its own.
 // (Error codes, event types and table columns: test/reference.test.ts.)
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..')
@@ -25,8 +28,32 @@ t.test('every configuration variable is documented', async (t) => {
   t.match(tracingDoc, /^\| `OTEL_EXPORTER_OTLP_ENDPOINT` \|/m, 'and docs/tracing.md the tracing variables')
 })
 
-/** The Markdown files a reader opens: the README, BENCHMARKS.md and docs/. */
-const markdownFiles = ['README.md', 'BENCHMARKS.md', ...readdirSync(join(root, 'docs')).filter((name) => name.endsWith('.md')).map((name) => `docs/${name}`)]
+/** The top-level folders of the repository as git tracks them (dot-folders aside), at the time the test runs. */
+const trackedFolders = [...new Set(execFileSync('git', ['ls-files'], { cwd: root, encoding: 'utf8' })
+  .split('\n').filter((path) => path.includes('/')).map((path) => path.slice(0, path.indexOf('/'))))]
+  .filter((folder) => !folder.startsWith('.')).sort()
+
+/** The folders' own READMEs (what lives there, what it may import). */
+const folderReadmes = readdirSync(root, { withFileTypes: true })
+  .filter((entry) => entry.isDirectory() && !entry.name.startsWith('.') && entry.name !== 'node_modules' && existsSync(join(root, entry.name, 'README.md')))
+  .map((entry) => `${entry.name}/README.md`)
+
+/** The Markdown files a reader opens: the README, BENCHMARKS.md, docs/ and each folder's README. */
+const markdownFiles = [...new Set(['README.md', 'BENCHMARKS.md', ...readdirSync(join(root, 'docs')).filter((name) => name.endsWith('.md')).map((name) => `docs/${name}`), ...folderReadmes])]
+
+t.test('the README\'s layout names every top-level folder, and each has a README', async (t) => {
+  const start = readme.indexOf('\n## Layout\n')
+  t.ok(start >= 0, 'the README has a "Layout" section')
+  const end = readme.indexOf('\n## ', start + 1)
+  const layout = readme.slice(start, end < 0 ? undefined : end)
+  // A folder is named in the first cell of a row of the layout's table: | `db/` | ... |
+  const named = layout.split('\n').filter((line) => line.startsWith('| `'))
+    .flatMap((line) => [...line.split(' | ')[0]!.matchAll(/`([\w.-]+)\/`/g)].map((match) => match[1]!))
+  t.ok(trackedFolders.length >= 10 && trackedFolders.includes('db'), 'git lists the folders')
+  t.same(trackedFolders.filter((folder) => !named.includes(folder)), [], 'every top-level folder git tracks is named in the layout')
+  t.same(named.filter((folder) => !existsSync(join(root, folder))), [], 'and every folder the layout names exists')
+  t.same(trackedFolders.filter((folder) => !existsSync(join(root, folder, 'README.md'))), [], 'every top-level folder has a README')
+})
 
 /** A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as hyphens. */
 const anchorOf = (heading: string) => heading.trim().toLowerCase().replace(/[^\p{L}\p{N}\s_-]/gu, '').replace(/\s/g, '-')
