@@ -127,7 +127,7 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
   t.equal(runs.status, 200, 'and the run')
   await waitUntil(async () => (await fetch(`${lb}/api/runs/run-compose`).catch(() => undefined))?.status === 200, 'reads through nginx after up', 30_000)
   // Last (npx is slow to start on a loaded machine, and nothing waits on this replica's health after it).
-  // The CLI in the image, the way a CI job asserts on it (README, "CI smoke test"): npx runs the image's own bin.
+  // The CLI in the image, the way a CI job asserts on it (docs/clients.md, "In CI"): npx runs the image's own bin.
   t.match(compose('exec', '-T', 'api', 'npx', 'ocp-api', '--help'), /^Usage: ocp-api COMMAND/m, 'npx ocp-api --help in the image')
   const waited = JSON.parse(compose('exec', '-T', 'api', 'npx', 'ocp-api', 'wait', 'run-compose', '--until', 'running', '--timeout', '30s'))
   t.equal(waited.run.status, 'running', 'npx ocp-api wait in the image: exit 0, the run as JSON')

@@ -13,8 +13,8 @@ import { EXCLUDED, isReadPath, READ_BLOCKS_PATTERN } from './scope.js'
  * vitest in a child process, against a service through the adapter of
  * adapter.ts, which writes to the service's database as an orchestrator
  * does. test/conformance.test.ts runs it on a service of its own; `npm run
- * conformance` runs it against a deployment (see the README, "Reading with
- * a Durable Streams client").
+ * conformance` runs it against a deployment (docs/durable-streams.md,
+ * "Running the official conformance suite").
  */
 
 const ROOT = resolve(fileURLToPath(import.meta.url), '../../..')

@@ -1,19 +1,18 @@
-import type { FastifyReply } from 'fastify'
-import fp from 'fastify-plugin'
+import type { FastifyPluginAsync, FastifyReply } from 'fastify'
 import { existsSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { authenticationOn, issuersOf } from '../../config.js'
-import { notFound } from '../../errors.js'
-import { entityTag, noneMatchHits } from './http-cache.js'
+import { authenticationOn, issuersOf } from '../config.js'
+import { notFound } from '../errors.js'
+import { entityTag, noneMatchHits } from '../plugins/app/http-cache.js'
 
-/** The ui/ folder: beside plugins/ when run from the sources (plugins/app/), above dist/ when compiled (dist/plugins/app/). */
+/** The ui/ folder: beside routes/ when run from the sources, above dist/ when compiled (dist/routes/). */
 function uiDirectory (): string {
   const here = dirname(fileURLToPath(import.meta.url))
-  const fromSources = join(here, '..', '..', 'ui')
+  const fromSources = join(here, '..', 'ui')
   /* c8 ignore next: the compiled layout is what npm start and the image run; the tests run the sources */
-  return existsSync(join(fromSources, 'index.html')) ? fromSources : join(here, '..', '..', '..', 'ui')
+  return existsSync(join(fromSources, 'index.html')) ? fromSources : join(here, '..', '..', 'ui')
 }
 
 const files = {
@@ -35,7 +34,7 @@ const BUILT_MODULE = /^(ui|client\/src)\/[a-z-]+\.js$/
  * The web UI (ui/): a runs list, a run detail, a thread timeline and the
  * latest activity, kept live by ocp-api-client. Static files, read once and kept.
  */
-export default fp(async function uiPlugin (app) {
+const uiRoutes: FastifyPluginAsync = async (app) => {
   const dir = uiDirectory()
   const preload = !authenticationOn(app.config)
   const signsIn = authenticationOn(app.config) && issuersOf(app.config).some((issuer) => issuer.ui_client_id !== undefined)
@@ -79,4 +78,6 @@ export default fp(async function uiPlugin (app) {
     if (!BUILT_MODULE.test(module)) throw notFound('file')
     return send(reply, `build/${module}`, 'text/javascript; charset=utf-8')
   })
-}, { name: 'ui', decorators: { fastify: ['config'] } })
+}
+
+export default uiRoutes
