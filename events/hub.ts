@@ -174,11 +174,11 @@ export class EventHub {
     if (listener.settled !== undefined) this.#settling.add(listener)
   }
 
-  /** Idempotent: a listener may be released by its close and by a failed start alike. */
+  /** Stops handing `listener` events (once, after its listen). */
   unlisten (listener: Listener): void {
     const { index, key } = this.#indexOf(listener)
-    const set = index.get(key)
-    if (set === undefined || !set.delete(listener)) return
+    const set = index.get(key)!
+    set.delete(listener)
     if (set.size === 0) index.delete(key)
     this.#settling.delete(listener)
   }

@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify'
 import { SignJWT } from 'jose'
 import t, { type Test } from 'tap'
 import { JwtIssuers } from '../plugins/app/auth/jwt-issuers.js'
-import { STREAM_TOKEN_ISSUER } from '../plugins/app/auth/stream-tokens.js'
+import { STREAM_TOKEN_ISSUER, StreamTokens } from '../plugins/app/auth/stream-tokens.js'
 import { build } from './helpers/app.js'
 import { insertGraph, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
 import { startIssuer, TEST_AUDIENCE, unsignedToken, type TestIssuer } from './helpers/issuer.js'
@@ -230,7 +230,7 @@ t.test('CI tokens: an issuer\'s claims must match its rules', async (t) => {
 t.test('keys: a rotated key is fetched once for its new kid; unknown kids are rate-limited; jwks_uri without discovery', async (t) => {
   const issuer = await startIssuer(t)
   const cooldownMs = 300
-  const issuers = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE }], 0, cooldownMs)
+  const issuers = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE }], 0, { jwksCooldownMs: cooldownMs })
   const verify = async (token: string) => issuers.verify(token, issuer.url).then(() => 'ok', (error: Error) => error.message)
   t.equal(await verify(await issuer.sign()), 'ok')
   const fetched = issuer.jwksFetches()
@@ -251,6 +251,51 @@ t.test('keys: a rotated key is fetched once for its new kid; unknown kids are ra
   const direct = await startIssuer(t)
   const byUri = await listening(t, { AUTH_ISSUERS: issuersConfig({ issuer: direct.url, audience: TEST_AUDIENCE, jwks_uri: `${direct.url}/jwks`, algorithms: ['RS256'] }) })
   t.equal((await call(byUri.base, 'GET', '/api/runs', { authorization: `Bearer ${await direct.sign()}` })).status, 200, 'keys from jwks_uri')
+})
+
+t.test('JwtIssuers: a token remembered until it expires, the memory bounded, discovery retried and checked', async (t) => {
+  const issuer = await startIssuer(t)
+  const verify = async (issuers: JwtIssuers, token: string) => issuers.verify(token, issuer.url).then(() => 'ok', (error: Error) => error.message)
+  const issuers = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE }], 0, { maxVerified: 1 })
+  const short = await issuer.sign({ sub: 'short' }, { expiresIn: 1 })
+  t.equal(await verify(issuers, short), 'ok')
+  t.equal(await verify(issuers, await issuer.sign({ sub: 'other' })), 'ok', 'a second token: the first is forgotten (maxVerified 1)')
+  t.equal(await verify(issuers, short), 'ok', 'checked again')
+  await new Promise((resolve) => setTimeout(resolve, 1100))
+  t.equal(await verify(issuers, short), 'the token has expired', 'remembered, but not past its expiry')
+  t.equal(await verify(issuers, short), 'the token has expired', 'and then checked afresh')
+
+  const malformed = `${Buffer.from(JSON.stringify({ typ: 'JWT' })).toString('base64url')}.${Buffer.from(JSON.stringify({ iss: issuer.url })).toString('base64url')}.c2ln`
+  t.equal(await verify(issuers, malformed), 'the token is malformed', 'no alg')
+
+  issuer.unavailable = true
+  const retrying = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE, ui_client_id: 'ui' }], 0, { discoveryRetryMs: 200 })
+  const token = await issuer.sign()
+  t.match(await verify(retrying, token), /could not be reached/, 'discovery answered 503')
+  issuer.unavailable = false
+  t.match(await verify(retrying, token), /could not be reached/, 'not asked again at once')
+  await t.rejects(retrying.signIn(), { code: 'unavailable' }, 'nor for the sign-in')
+  await new Promise((resolve) => setTimeout(resolve, 250))
+  t.equal(await verify(retrying, token), 'ok', 'asked again after discoveryRetryMs')
+  t.match(await retrying.signIn(), { client_id: 'ui' })
+
+  const mismatched = new JwtIssuers([{ issuer: `${issuer.url}/`, audience: TEST_AUDIENCE }], 0)
+  t.match(await mismatched.verify(await issuer.sign({ iss: `${issuer.url}/` }), `${issuer.url}/`).catch((error: Error) => error.message), /could not be reached/, 'a document naming another issuer is not trusted')
+  issuer.discovery = { jwks_uri: null }
+  const keyless = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE }], 0)
+  t.match(await verify(keyless, token), /could not be reached/, 'a document without jwks_uri')
+  issuer.discovery = { authorization_endpoint: null }
+  t.equal(await new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE, ui_client_id: 'ui' }], 0).signIn(), null, 'no sign-in without an authorization endpoint')
+  t.equal(await new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE }], 0).signIn(), null, 'nor without ui_client_id')
+})
+
+t.test('StreamTokens: a key that could not be read is read again', async (t) => {
+  let reads = 0
+  const tokens = new StreamTokens(async () => { if (++reads === 1) throw new Error('database down'); return SECRET }, 60, 0)
+  await t.rejects(tokens.sign({}), /database down/)
+  const { token } = await tokens.sign({ run_id: 'r' })
+  t.same(await tokens.verify(token), { run_id: 'r' })
+  t.equal(reads, 2)
 })
 
 t.test('an identity provider that cannot be reached: 503 with the envelope, and a later token works', async (t) => {

@@ -19,6 +19,10 @@ export interface TestIssuer {
   jwksFetches: () => number
   /** The claims the sign-in puts in its tokens (change them to test refusals). */
   user: JWTPayload
+  /** Set: the discovery document answers 503. */
+  unavailable: boolean
+  /** Fields of the discovery document replaced (a field set to null is left out). */
+  discovery: Record<string, unknown>
 }
 
 export interface SignOptions {
@@ -55,20 +59,23 @@ export async function startIssuer (t: { teardown: (fn: () => void) => void }, op
   let fetches = 0
   const codes = new Map<string, { challenge: string, clientId: string, redirect: string, nonce: string | null }>()
   const user: JWTPayload = { sub: 'ada', email: 'ada@example.com' }
+  const state = { unavailable: false, discovery: {} as Record<string, unknown> }
   const server = createServer((request, response) => {
     void (async () => {
       const url = new URL(request.url!, issuerUrl)
       const json = (status: number, value: unknown) => response.writeHead(status, { 'content-type': 'application/json', 'access-control-allow-origin': '*' }).end(JSON.stringify(value))
       if (url.pathname === `${path}/.well-known/openid-configuration`) {
-        return json(200, {
+        if (state.unavailable) return json(503, { error: 'unavailable' })
+        return json(200, Object.fromEntries(Object.entries({
           issuer: issuerUrl,
           jwks_uri: `${issuerUrl}/jwks`,
           authorization_endpoint: `${issuerUrl}/authorize`,
           token_endpoint: `${issuerUrl}/token`,
           response_types_supported: ['code'],
           code_challenge_methods_supported: ['S256'],
-          id_token_signing_alg_values_supported: ['RS256']
-        })
+          id_token_signing_alg_values_supported: ['RS256'],
+          ...state.discovery
+        }).filter(([, value]) => value !== null)))
       }
       if (url.pathname === `${path}/jwks`) {
         fetches++
@@ -116,16 +123,16 @@ export async function startIssuer (t: { teardown: (fn: () => void) => void }, op
     return jwt.sign(key)
   }
 
-  return {
+  return Object.assign(state, {
     url: issuerUrl,
     sign,
-    async rotate (rotateOptions = {}) {
+    async rotate (rotateOptions: { drop?: boolean } = {}) {
       const next = await newKey()
       keys = rotateOptions.drop === true ? [next] : [next, ...keys]
     },
     jwksFetches: () => fetches,
     user
-  }
+  })
 }
 
 /** An unsigned token (`alg: none`), which must never be accepted. */

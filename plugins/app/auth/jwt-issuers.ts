@@ -23,6 +23,13 @@ const DISCOVERY_RETRY_MS = 10_000
 /** Tokens verified and kept, so that a client's every request does not check a signature again. */
 const MAX_VERIFIED = 10_000
 
+/** The waits and bounds above, which tests shorten. */
+export interface IssuerTuning {
+  jwksCooldownMs?: number
+  discoveryRetryMs?: number
+  maxVerified?: number
+}
+
 interface Discovery { jwks_uri: string, authorization_endpoint?: string, token_endpoint?: string }
 
 /** One configured identity provider: its discovery, its keys (kept and refreshed by jose), its rules. */
@@ -32,7 +39,7 @@ class Issuer {
   readonly audience: string[]
   readonly algorithms: string[]
 
-  constructor (readonly config: IssuerConfig, private readonly jwksCooldownMs: number) {
+  constructor (readonly config: IssuerConfig, private readonly tuning: Required<IssuerTuning>) {
     this.audience = Array.isArray(config.audience) ? config.audience : [config.audience]
     this.algorithms = config.algorithms ?? DEFAULT_ALGORITHMS
   }
@@ -40,7 +47,7 @@ class Issuer {
   /** The discovery document (or jwks_uri alone when configured), fetched once, again after a failure. */
   discover (): Promise<Discovery> {
     const { config } = this
-    if (this.discovery?.failedAt !== undefined && Date.now() - this.discovery.failedAt >= DISCOVERY_RETRY_MS) this.discovery = undefined
+    if (this.discovery?.failedAt !== undefined && Date.now() - this.discovery.failedAt >= this.tuning.discoveryRetryMs) this.discovery = undefined
     if (this.discovery === undefined) {
       const current: { promise: Promise<Discovery>, failedAt?: number } = {
         promise: config.jwks_uri !== undefined && config.ui_client_id === undefined
@@ -56,7 +63,7 @@ class Issuer {
   async keySet (): Promise<ReturnType<typeof createRemoteJWKSet>> {
     if (this.keys === undefined) {
       const { jwks_uri: jwksUri } = await this.discover()
-      this.keys ??= createRemoteJWKSet(new URL(jwksUri), { timeoutDuration: FETCH_TIMEOUT_MS, cooldownDuration: this.jwksCooldownMs, cacheMaxAge: JWKS_MAX_AGE_MS })
+      this.keys ??= createRemoteJWKSet(new URL(jwksUri), { timeoutDuration: FETCH_TIMEOUT_MS, cooldownDuration: this.tuning.jwksCooldownMs, cacheMaxAge: JWKS_MAX_AGE_MS })
     }
     return this.keys
   }
@@ -77,7 +84,9 @@ async function fetchDiscovery (issuer: string): Promise<Discovery> {
 function refusal (error: unknown): UnauthorizedError | undefined {
   if (error instanceof errors.JWTExpired) return new UnauthorizedError('the token has expired', true)
   if (error instanceof errors.JWTClaimValidationFailed) {
+    // The claims jose checks with the options given (iss picked the issuer: it matches).
     const what: Record<string, string> = { aud: 'the token\'s audience is not accepted', nbf: 'the token is not valid yet', iat: 'the token was issued in the future', exp: 'the token has no expiry' }
+    /* c8 ignore next: jose checks no other claim with these options */
     return new UnauthorizedError(what[error.claim] ?? `the token's ${error.claim} claim is not accepted`, true)
   }
   if (error instanceof errors.JOSEAlgNotAllowed) return new UnauthorizedError('the token\'s signature algorithm is not accepted', true)
@@ -101,14 +110,12 @@ function refusal (error: unknown): UnauthorizedError | undefined {
 export class JwtIssuers {
   private readonly issuers: Map<string, Issuer>
   private readonly verified = new Map<string, JwtIdentity>()
+  private readonly maxVerified: number
 
-  /** `jwksCooldownMs`: the least time between two fetches of an issuer's keys (tests shorten it). */
-  constructor (configs: IssuerConfig[], private readonly clockToleranceSeconds: number, jwksCooldownMs = JWKS_COOLDOWN_MS) {
-    this.issuers = new Map(configs.map((config) => [config.issuer, new Issuer(config, jwksCooldownMs)]))
-  }
-
-  get size (): number {
-    return this.issuers.size
+  constructor (configs: IssuerConfig[], private readonly clockToleranceSeconds: number, tuning: IssuerTuning = {}) {
+    const tuned = { jwksCooldownMs: JWKS_COOLDOWN_MS, discoveryRetryMs: DISCOVERY_RETRY_MS, maxVerified: MAX_VERIFIED, ...tuning }
+    this.maxVerified = tuned.maxVerified
+    this.issuers = new Map(configs.map((config) => [config.issuer, new Issuer(config, tuned)]))
   }
 
   has (issuer: string): boolean {
@@ -153,7 +160,7 @@ export class JwtIssuers {
       }
     }
     const identity: JwtIdentity = { issuer: iss, subject: payload.sub, expires: payload.exp! }
-    if (this.verified.size >= MAX_VERIFIED) this.verified.delete(this.verified.keys().next().value!)
+    if (this.verified.size >= this.maxVerified) this.verified.delete(this.verified.keys().next().value!)
     this.verified.set(token, identity)
     return identity
   }

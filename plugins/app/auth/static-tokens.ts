@@ -14,10 +14,6 @@ export class StaticTokens {
     this.digests = tokens.map(digest)
   }
 
-  get size (): number {
-    return this.digests.length
-  }
-
   matches (token: string): boolean {
     const presented = digest(token)
     let valid = false
