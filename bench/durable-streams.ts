@@ -12,15 +12,26 @@
  * Measures the statements per second the service ran (pg_stat_database
  * transactions, the writer's own taken out), the resident memory per
  * waiter, and commit-to-delivery latency at every poller.
+ *
+ *   ... npm run bench:streams -- --sizes 5000 --rounds 3     (issue 33: three runs, each on a fresh service)
+ *   ... npm run bench:streams -- --sizes 5000 --service-flags=--max-semi-space-size=16 --forced-gc
+ *
+ * The service runs on the bench's node (put the Node to measure first on
+ * PATH), with bench/service-probe.ts preloaded (bench/probe.ts): resident
+ * memory is read as a container sees it (VmRSS, the median of three
+ * readings a second apart, no forced collection; --forced-gc adds, labelled,
+ * the figure after full collections), taken apart (heap, external, native),
+ * and the GC pauses, the event loop's longest delay and the service's CPU
+ * during the writing window are printed.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
-import { readFileSync } from 'node:fs'
 import { Agent, request } from 'node:http'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { migrateToLatest } from '../db/migrate.js'
 import { adminUrl as serverUrl, freePort, root, sleep, withDatabase } from './common.js'
+import { ask, breakdown, medianRssKb, pausesLine, rssKb, serviceArgs, startFlags } from './probe.js'
 
 const { values: args } = parseArgs({
   options: {
@@ -28,10 +39,16 @@ const { values: args } = parseArgs({
     runs: { type: 'string', default: '50' },
     rate: { type: 'string', default: '10' },
     seconds: { type: 'string', default: '10' },
-    'settle-ms': { type: 'string', default: '11000' }
+    'settle-ms': { type: 'string', default: '11000' },
+    rounds: { type: 'string', default: '1' },
+    entry: { type: 'string', default: 'tsx' },
+    'service-flags': { type: 'string' },
+    'forced-gc': { type: 'boolean', default: false }
   }
 })
 const sizes = args.sizes.split(',').map(Number)
+/** The service's node flags: --service-flags, else npm start's. */
+const serviceFlags = args['service-flags'] ?? startFlags()
 const runs = Number(args.runs)
 const rate = Number(args.rate)
 const seconds = Number(args.seconds)
@@ -44,19 +61,11 @@ const databaseUrl = withDatabase(adminUrl, DATABASE)
 const percentile = (sorted: number[], p: number) => sorted.length === 0 ? Number.NaN : sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * p))]!
 const runId = (i: number) => `bench-ds-${i % runs}`
 
-async function rssKb (pid: number): Promise<number> {
-  for (let round = 0; round < 3; round++) {
-    process.kill(pid, 'SIGWINCH') // bench/gc-on-signal.ts: full collections
-    await sleep(300)
-  }
-  return Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1])
-}
-
 async function startService (port: number): Promise<ChildProcess> {
-  const child = spawn(process.execPath, ['--expose-gc', '--import', 'tsx', '--import', join(root, 'bench/gc-on-signal.ts'), join(root, 'server.ts')], {
+  const child = spawn(process.execPath, serviceArgs(args.entry, serviceFlags), {
     cwd: root,
     env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', MAX_EVENT_LOOP_DELAY_MS: '0', SSE_MAX_STREAMS: '1000000' },
-    stdio: ['ignore', 'inherit', 'inherit']
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc']
   })
   for (let attempt = 0; attempt < 300; attempt++) {
     try { if ((await fetch(`http://127.0.0.1:${port}/ready`)).ok) return child } catch {}
@@ -116,54 +125,86 @@ await writer.connect()
 for (let i = 0; i < runs; i++) {
   await writer.query(`insert into runs (run_id, goal, summary, status, created_at, updated_at) values ($1, 'bench', '', 'running', now(), now())`, [runId(i)])
 }
-const port = await freePort()
-const service = await startService(port)
-const agent = new Agent({ keepAlive: true, maxSockets: Infinity })
-const idleRss = await rssKb(service.pid!)
-const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text()
-const wakeup = /^event_wakeup_live 1$/m.test(metrics) ? 'live (WAL streaming)' : 'not live (polling alone: the server refuses replication connections)'
 const os = await import('node:os')
-console.log(`machine: ${os.cpus().length} cores, load average ${os.loadavg().map((load) => load.toFixed(2)).join(' ')}, node ${process.version}`)
-console.log(`durable streams long-poll: ${runs} runs, ${rate} events/s for ${seconds} s, STREAMS_LONG_POLL_MS default (20 s), EVENTS_POLL_INTERVAL_MS default (250 ms); the wake-up: ${wakeup}`)
-console.log('waiters  statements/s  RSS/waiter  p50 ms  p99 ms  deliveries')
+console.log(`machine: ${os.cpus().length} cores, load average ${os.loadavg().map((load) => load.toFixed(2)).join(' ')}, node ${process.version} (the service runs on the same node); ` +
+  `service ${args.entry === 'dist' ? 'dist/server.js (as npm start)' : 'server.ts through tsx'}, its node flags: ${serviceFlags === '' ? 'none (Node\'s defaults)' : serviceFlags}${args['service-flags'] === undefined ? ' (npm start\'s)' : ''}${process.env.NODE_OPTIONS ? `, NODE_OPTIONS=${process.env.NODE_OPTIONS}` : ''}; ` +
+  `memory: VmRSS, median of three readings 1 s apart, no forced collection${args['forced-gc'] ? ' (then, labelled, after forced full collections)' : ''}`)
 const results: Array<{ size: number, perSecond: number }> = []
-for (const size of sizes) {
-  const latencies: number[] = []
-  // From the tail: the events of an earlier size are not this one's.
-  const tail = (await fetch(`http://127.0.0.1:${port}/api/streams/events?offset=now`)).headers.get('stream-next-offset')!
-  const pollers = Array.from({ length: size }, (_, i) => poller(port, agent, runId(i), tail, latencies))
-  while (pollers.reduce((sum, p) => sum + p.waiting(), 0) < size) await sleep(100)
-  await sleep(500)
-  const rss = await rssKb(service.pid!)
-  await sleep(STATS_SETTLE_MS)
-  const before = await transactions(admin)
-  const started = Date.now()
-  let written = 0
-  while (Date.now() - started < seconds * 1000) {
-    const sent = Date.now()
-    const { rows } = await writer.query("insert into events (event_type, run_id, summary, payload) values ('task_running', $1, 'bench', '{}') returning event_id", [runId(written)])
-    sentAt.set(Number(rows[0].event_id), sent)
-    written++
-    await sleep(Math.max(0, started + written * (1000 / rate) - Date.now()))
+const rounds = Number(args.rounds)
+let agent = new Agent({ keepAlive: true, maxSockets: Infinity })
+for (let round = 1; round <= rounds; round++) {
+  const port = await freePort()
+  const service = await startService(port)
+  agent = new Agent({ keepAlive: true, maxSockets: Infinity })
+  await sleep(2000)
+  const version = (await ask(service, 'report')).node
+  const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text()
+  const wakeup = /^event_wakeup_live 1$/m.test(metrics) ? 'live (WAL streaming)' : 'not live (polling alone: the server refuses replication connections)'
+  console.log(`${rounds > 1 ? `round ${round} of ${rounds}: ` : ''}durable streams long-poll on node ${version}: ${runs} runs, ${rate} events/s for ${seconds} s, STREAMS_LONG_POLL_MS default (20 s), EVENTS_POLL_INTERVAL_MS default (250 ms); the wake-up: ${wakeup}`)
+  console.log('waiters  statements/s  RSS/waiter  p50 ms  p99 ms  deliveries')
+  for (const size of sizes) {
+    const latencies: number[] = []
+    const idle = await medianRssKb(service.pid!)
+    const idleReport = await ask(service, 'report')
+    let idleForced: number | undefined
+    if (args['forced-gc']) {
+      await ask(service, 'gc')
+      idleForced = rssKb(service.pid!)
+    }
+    // From the tail: the events of an earlier size are not this one's.
+    const tail = (await fetch(`http://127.0.0.1:${port}/api/streams/events?offset=now`)).headers.get('stream-next-offset')!
+    const pollers = Array.from({ length: size }, (_, i) => poller(port, agent, runId(i), tail, latencies))
+    while (pollers.reduce((sum, p) => sum + p.waiting(), 0) < size) await sleep(100)
+    // Every long-poll waiting in the service (its own gauge), not just sent: then memory is read.
+    for (const deadline = Date.now() + 30_000; Date.now() < deadline; await sleep(200)) {
+      const gauge = /^event_long_polls_waiting (\d+)$/m.exec(await (await fetch(`http://127.0.0.1:${port}/metrics`)).text())
+      if (Number(gauge?.[1]) >= size) break
+    }
+    await sleep(1000)
+    const waiting = await medianRssKb(service.pid!)
+    const waitingReport = await ask(service, 'report')
+    let waitingForced: number | undefined
+    if (args['forced-gc']) {
+      await ask(service, 'gc')
+      waitingForced = rssKb(service.pid!)
+    }
+    await sleep(STATS_SETTLE_MS)
+    const before = await transactions(admin)
+    await ask(service, 'reset') // GC pauses, loop delay and CPU: the writing window's only
+    const started = Date.now()
+    let written = 0
+    while (Date.now() - started < seconds * 1000) {
+      const sent = Date.now()
+      const { rows } = await writer.query("insert into events (event_type, run_id, summary, payload) values ('task_running', $1, 'bench', '{}') returning event_id", [runId(written)])
+      sentAt.set(Number(rows[0].event_id), sent)
+      written++
+      await sleep(Math.max(0, started + written * (1000 / rate) - Date.now()))
+    }
+    const elapsed = (Date.now() - started) / 1000
+    await sleep(2000) // the last deliveries
+    const during = await ask(service, 'report')
+    await sleep(STATS_SETTLE_MS)
+    const statements = await transactions(admin) - before - written
+    const perSecond = statements / (elapsed + 2 + STATS_SETTLE_MS / 1000)
+    for (const p of pollers) p.stop()
+    const sorted = latencies.sort((a, b) => a - b)
+    results.push({ size, perSecond })
+    console.log(`${String(size).padStart(7)}  ${perSecond.toFixed(1).padStart(12)}  ${(((waiting.median - idle.median) * 1024) / size).toFixed(0).padStart(8)} B  ${String(percentile(sorted, 0.5)).padStart(6)}  ${String(percentile(sorted, 0.99)).padStart(6)}  ${sorted.length}`)
+    console.log(`    memory (no forced GC): RSS ${idle.median} -> ${waiting.median} kB (readings ${idle.readings.join('/')} -> ${waiting.readings.join('/')}) = ${((waiting.median - idle.median) / size).toFixed(1)} kB per waiter; ` +
+      `per waiter: ${breakdown(idleReport, idle.median, waitingReport, waiting.median, size)}`)
+    if (args['forced-gc']) console.log(`    forced full GC (labelled; not what a container sees): ${idleForced} -> ${waitingForced} kB = ${((waitingForced! - idleForced!) / size).toFixed(1)} kB per waiter`)
+    console.log(`    during the writing window and 2 s after: ${pausesLine(during)}`)
+    // Let the stopped pollers' last requests end (at most a long-poll timeout) before the next size.
+    await writer.query("insert into events (event_type, run_id) select 'wake', run_id from runs")
+    await sleep(1500)
   }
-  const elapsed = (Date.now() - started) / 1000
-  await sleep(2000) // the last deliveries
-  await sleep(STATS_SETTLE_MS)
-  const statements = await transactions(admin) - before - written
-  const perSecond = statements / (elapsed + 2 + STATS_SETTLE_MS / 1000)
-  for (const p of pollers) p.stop()
-  const sorted = latencies.sort((a, b) => a - b)
-  results.push({ size, perSecond })
-  console.log(`${String(size).padStart(7)}  ${perSecond.toFixed(1).padStart(12)}  ${(((rss - idleRss) * 1024) / size).toFixed(0).padStart(8)} B  ${String(percentile(sorted, 0.5)).padStart(6)}  ${String(percentile(sorted, 0.99)).padStart(6)}  ${sorted.length}`)
-  // Let the stopped pollers' last requests end (at most a long-poll timeout) before the next size.
-  await writer.query("insert into events (event_type, run_id) select 'wake', run_id from runs")
-  await sleep(1500)
+  agent.destroy()
+  service.kill('SIGTERM')
+  await new Promise((resolve) => service.once('exit', resolve))
 }
-if (results.length >= 2) {
-  const [first, last] = [results[0]!, results.at(-1)!]
+if (sizes.length >= 2) {
+  const [first, last] = [results[0]!, results[sizes.length - 1]!]
   console.log(`statements per second at ${last.size} waiters / at ${first.size}: ${(last.perSecond / first.perSecond).toFixed(2)} (target <= 1.2)`)
 }
-agent.destroy()
-service.kill('SIGTERM')
 await writer.end()
 await admin.end()

@@ -27,7 +27,8 @@ const server = createServer((request, response) => {
   response.on('close', () => listeners.delete(response))
 })
 
-process.on('message', (message: { id: number, runId: string, json: string }) => {
+process.on('message', (message: { id: number, runId: string, json: string } | { probe: string }) => {
+  if ('probe' in message) return // bench/service-probe.ts's
   const frame = `id: ${message.id}\ndata: ${message.json}\n\n`
   const chunk = Buffer.from(`${Buffer.byteLength(frame).toString(16)}\r\n${frame}\r\n`)
   for (const response of everyone) response.socket?.write(chunk)
