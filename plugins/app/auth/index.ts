@@ -91,6 +91,9 @@ export default fp(async function authPlugin (app) {
       throw new UnauthorizedError('a bearer token is required', false)
     }
     if (!fromStreamParameter && staticTokens.matches(token)) return { kind: 'static' }
+    // A client's next requests with a token already verified: a lookup, not a decoding.
+    const remembered = fromStreamParameter ? undefined : issuers.remembered(token)
+    if (remembered !== undefined) return { kind: 'jwt', ...remembered }
     let iss: unknown
     try {
       iss = decodeJwt(token).iss

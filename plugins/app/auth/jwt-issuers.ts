@@ -127,15 +127,21 @@ export class JwtIssuers {
     for (const issuer of this.issuers.values()) issuer.discover().catch(() => {})
   }
 
+  /**
+   * The identity of a token verified before, without decoding it again
+   * (undefined when it was not); an UnauthorizedError once it has expired.
+   */
+  remembered (token: string): JwtIdentity | undefined {
+    const kept = this.verified.get(token)
+    if (kept === undefined || kept.expires + this.clockToleranceSeconds > Date.now() / 1000) return kept
+    this.verified.delete(token)
+    throw new UnauthorizedError('the token has expired', true)
+  }
+
   /** The identity a token of `iss` proves; an UnauthorizedError or a 503 (provider unreachable) otherwise. */
   async verify (token: string, iss: string): Promise<JwtIdentity> {
-    const now = Date.now() / 1000
-    const kept = this.verified.get(token)
-    if (kept !== undefined) {
-      if (kept.expires + this.clockToleranceSeconds > now) return kept
-      this.verified.delete(token)
-      throw new UnauthorizedError('the token has expired', true)
-    }
+    const kept = this.remembered(token)
+    if (kept !== undefined) return kept
     const issuer = this.issuers.get(iss)!
     let payload: JWTPayload
     try {
