@@ -81,13 +81,13 @@ export function parseLimit (text: string | undefined): number | undefined {
 }
 
 /** The opaque position of a list's next page (docs/reference.md, "Ordering and pages"; decoded in routes/api/runs.ts). */
-/** A page key: where the next page of a keyset-paged list starts (the `cursor` parameter, SPEC's name for it; not an event cursor). */
+/** A page key: where the next page of a keyset-paged list starts (the `cursor` parameter on the wire; not an event cursor). */
 export const PageKeyParam = Type.String({
   minLength: 1,
   maxLength: 512,
   pattern: '^[A-Za-z0-9_-]+$',
-  description: 'Opaque position from the previous page\'s Link: rel="next" URL',
-  [ACCEPTS]: 'cursor must be the cursor of a Link: rel="next" URL, unchanged'
+  description: 'A page key (opaque): where the next page starts, from the previous page\'s Link: rel="next" URL',
+  [ACCEPTS]: 'cursor must be the page key of a Link: rel="next" URL, unchanged'
 })
 
 /** Optional keyset paging (docs/reference.md, "Ordering and pages"); the next page's URL is in the `Link` header. */

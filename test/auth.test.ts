@@ -164,6 +164,12 @@ t.test('what opens the doors: a static token, a JWT of the issuer, a stream toke
   const threadToken = (await app.streamTokens.sign({ thread_id: 'door-t1' })).token
   t.equal((await call(base, 'GET', `/api/events/stream?run_id=door-r1&stream_token=${threadToken}`)).status, 401)
   t.equal((await call(base, 'GET', `/api/events/stream?stream_token=${runToken}`)).status, 401, 'a run\'s token does not open every event')
+  t.equal((await call(base, 'GET', `/api/events/stream?run_id=door-r1&run_id=door-r1&stream_token=${runToken}`)).status, 401, 'a filter given twice matches no scope')
+
+  // Every credential used above, in no metric's labels (routes are labelled by their pattern).
+  const metrics = (await call(base, 'GET', '/metrics', { authorization: `Bearer ${STATIC}` })).body
+  t.match(metrics, /http_requests_total\{[^}]*route="\/api\/events\/stream"/, 'the stream\'s requests are counted by route')
+  for (const secret of [STATIC, jwt.split('.')[2]!, runToken.split('.')[2]!, threadToken.split('.')[2]!]) t.notOk(metrics.includes(secret), 'no credential in /metrics')
 })
 
 t.test('GET /api/stream-token: the scope asked for, a short life, never cached; GET /api/auth says how to sign in', async (t) => {
@@ -259,6 +265,9 @@ t.test('JwtIssuers: a token remembered until it expires, the memory bounded, dis
   const issuers = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE }], 0, { maxVerified: 1 })
   const short = await issuer.sign({ sub: 'short' }, { expiresIn: 1 })
   t.equal(await verify(issuers, short), 'ok')
+  const fetched = issuer.jwksFetches()
+  t.equal(await verify(issuers, short), 'ok', 'again: remembered')
+  t.equal(issuer.jwksFetches(), fetched)
   t.equal(await verify(issuers, await issuer.sign({ sub: 'other' })), 'ok', 'a second token: the first is forgotten (maxVerified 1)')
   t.equal(await verify(issuers, short), 'ok', 'checked again')
   await new Promise((resolve) => setTimeout(resolve, 1100))

@@ -127,7 +127,7 @@ const wrongParameters: Array<{ name: string, message: string, requests: Array<[s
   },
   {
     name: 'cursor',
-    message: 'cursor must be the cursor of a Link: rel="next" URL, unchanged',
+    message: 'cursor must be the page key of a Link: rel="next" URL, unchanged',
     requests: ['', '%00', 'not*base64', 'zzzz', 'e30', 'A'.repeat(600), 'a&cursor=b', Buffer.from('["yesterday","x"]').toString('base64url')].flatMap((value) =>
       ['/api/runs', '/api/runs/run-a/tasks'].map((path): [string] => [`${path}?cursor=${value}`]))
   },
