@@ -8,6 +8,7 @@ RUN npm ci --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json ./
 COPY *.ts ./
 COPY db ./db
+COPY events ./events
 COPY plugins ./plugins
 COPY routes ./routes
 COPY schemas ./schemas

@@ -23,7 +23,7 @@
  * started, each attempt with its thread; threads of 5 to 200 messages (most
  * under 10); a quarter of the messages with one or two artifacts; every
  * blocked task's latest thread ending with a question (but one in 33,
- * left out of the blocked list as CONTRACT allows); raw JSON of varied
+ * left out of the blocked list, as docs/reference.md allows); raw JSON of varied
  * shapes; events spread over the tasks in history order. Two runs with
  * fixed ids and content, identical at every scale, are what the HTTP
  * benchmark reads: run-b010 (10 tasks, 2 blocked) and run-b200 (200 tasks,

@@ -8,7 +8,7 @@ import type { ColumnType, Generated, Kysely } from 'kysely'
  * Where else the columns are written, and why each copy stays one: the
  * migrations (history, frozen as run, importing no app code); the fixture
  * row schemas (db/fixtures.ts: validation needs a runtime schema, and these
- * types have none); the wire resources (schemas/resources.ts: SPEC's shapes,
+ * types have none); the wire resources (schemas/resources.ts: the contract's shapes,
  * which differ from the rows); the bench generator's SQL (bench/generate.ts:
  * rows made inside Postgres). test/fixtures.test.ts binds the first three
  * to the migrated tables, so a column added in one place and not the others

@@ -10,7 +10,7 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       summary: 'Prometheus metrics (text exposition format)',
       response: {
         200: { description: 'Prometheus text format', content: { 'text/plain': { schema: Type.String() } } },
-        401: errorResponse('`unauthorized`: a missing or unknown bearer token (only when API_TOKENS is set)')
+        401: errorResponse('`unauthorized`: a missing, unknown, expired or refused token (only when authentication is on)')
       }
     }
   }, async (_request, reply) => {

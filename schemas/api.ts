@@ -13,7 +13,7 @@ export const MAX_ID_LENGTH = 1024
  */
 
 /**
- * An identifier, in a path or as a filter. SPEC leaves the format open, so
+ * An identifier, in a path or as a filter. Its format is the orchestrator's, so
  * any text is accepted except NUL, which no Postgres text value can hold;
  * an empty one is refused (`?run_id=` filters nothing, it is a mistake).
  */
@@ -261,8 +261,8 @@ export const ConditionalHeaders = Type.Object({
 
 /** What the Cache-Control of each kind of read says, for the docs. */
 export const CACHE_CONTROL_DOCS = {
-  state: '`no-cache` (with API_TOKENS: `private, no-cache`): keep it, but revalidate (If-None-Match) before every use',
-  events: 'A full page after an explicit after_event_id is final: `public, max-age=31536000, immutable`; any other page `public, max-age=5`. With API_TOKENS, `private` instead of `public`, and Vary: Authorization'
+  state: '`no-cache` (with authentication on: `private, no-cache`): keep it, but revalidate (If-None-Match) before every use',
+  events: 'A full page after an explicit after_event_id is final: `public, max-age=31536000, immutable`; any other page `public, max-age=5`. With authentication on, `private` instead of `public`, and Vary: Authorization'
 } as const
 
 /** A JSON read's 200: its body, and the headers that say where it was read and how it may be cached. */

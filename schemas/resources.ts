@@ -4,7 +4,7 @@ import { eventTypeNames } from './event-types.js'
 /*
  * The resources of docs/reference.md, "Resources", one schema each, registered once by $id
  * (plugins/app/schemas.ts) and referenced by the routes. Required and optional
- * fields are exactly SPEC's; an optional field is omitted when its column
+ * fields are exactly the contract's; an optional field is omitted when its column
  * is NULL. The same definitions drive validation, the SQL projection
  * (db/json.ts) and the contract tests.
  */

@@ -10,7 +10,7 @@ import { openStream } from './helpers/sse.js'
 // event type of docs/reference.md, "Event types" reaches a subscriber, and the API reads
 // consistent state all along.
 
-const SPEC_EVENT_TYPES = [
+const EVENT_TYPES = [
   'task_added', 'task_ready', 'task_dispatched', 'task_running', 'task_blocked', 'task_answered', 'task_done', 'task_failed',
   'thread_claim', 'thread_update', 'thread_reply', 'thread_result', 'council_tallied', 'council_report_persisted'
 ]
@@ -26,13 +26,13 @@ t.test('the demo produces every event type, which a subscriber sees', async (t) 
   const orchestrator = new DemoOrchestrator(await writer(), seededRandom(42), 'test')
   const seen = () => new Set(stream.events().map((event) => event.event_type as string))
   let steps = 0
-  while (steps < 600 && !SPEC_EVENT_TYPES.every((type) => seen().has(type))) {
+  while (steps < 600 && !EVENT_TYPES.every((type) => seen().has(type))) {
     await orchestrator.step()
     steps++
     if (steps % 25 === 0) await new Promise((resolve) => setTimeout(resolve, 60)) // let the poller deliver
   }
-  await stream.waitFor((s) => SPEC_EVENT_TYPES.every((type) => new Set(s.events().map((event) => event.event_type as string)).has(type)), 5000)
-  t.same(SPEC_EVENT_TYPES.filter((type) => !seen().has(type)), [], `every SPEC event type within ${steps} steps`)
+  await stream.waitFor((s) => EVENT_TYPES.every((type) => new Set(s.events().map((event) => event.event_type as string)).has(type)), 5000)
+  t.same(EVENT_TYPES.filter((type) => !seen().has(type)), [], `every event type of the contract within ${steps} steps`)
   const ids = stream.events().map((event) => event.event_id)
   t.same(ids, [...ids].sort((a, b) => a - b), 'ascending')
 

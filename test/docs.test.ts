@@ -90,3 +90,15 @@ t.test('every repository path the documentation names exists', async (t) => {
     }
   }
 })
+
+t.test('the image builds from every source folder, and runs the service as npm start does', async (t) => {
+  const dockerfile = readFileSync(join(root, 'Dockerfile'), 'utf8')
+  const build = JSON.parse(readFileSync(join(root, 'tsconfig.build.json'), 'utf8')) as { include?: string[] }
+  // Each folder the build compiles is copied into the build stage (a folder left out failed the image's build once).
+  const folders = new Set((build.include ?? []).map((pattern) => pattern.split('/')[0]!).filter((folder) => !folder.includes('.') && !folder.includes('*')))
+  t.ok(folders.size > 0, 'the build names its folders')
+  for (const folder of folders) t.match(dockerfile, new RegExp(`^COPY ${folder} \\./${folder}$`, 'm'), `the Dockerfile copies ${folder}/`)
+  const start = (JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { scripts: Record<string, string> }).scripts.start!
+  const cmd = /^CMD \[(.*)\]$/m.exec(dockerfile)![1]!.split(',').map((part) => JSON.parse(part.trim()) as string).join(' ')
+  t.equal(cmd, start, 'the image\'s command is npm start\'s (its node flags included)')
+})

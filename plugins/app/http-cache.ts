@@ -11,8 +11,8 @@ import { authenticationOn } from '../../config.js'
  *   from the moving floor): at most a few seconds stale.
  * - `immutable`: a full events page of settled events after an explicit
  *   cursor; no event can ever join it, so it can be kept forever.
- * - `stream`: a Durable Streams catch-up or long-poll page (CONTRACT
- *   section 9, the protocol's "Caching and Collapsing"): a minute, then
+ * - `stream`: a Durable Streams catch-up or long-poll page (docs/reference.md,
+ *   "Durable Streams"; the protocol's "Caching and Collapsing"): a minute, then
  *   served stale while revalidated, so that a cache collapses a crowd.
  */
 export type CacheKind = 'state' | 'recent' | 'immutable' | 'stream'
@@ -46,7 +46,7 @@ declare module 'fastify' {
 }
 
 /**
- * Cache-Control for each kind. With API_TOKENS set, every answer is for the
+ * Cache-Control for each kind. With authentication on, every answer is for the
  * client that presented the token: `private`, and Vary: Authorization so
  * that a browser shared by two tokens keeps them apart.
  */
