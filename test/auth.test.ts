@@ -3,7 +3,7 @@ import { SignJWT } from 'jose'
 import t, { type Test } from 'tap'
 import { JwtIssuers } from '../plugins/app/auth/jwt-issuers.js'
 import { STREAM_TOKEN_ISSUER, StreamTokens } from '../plugins/app/auth/stream-tokens.js'
-import { build } from './helpers/app.js'
+import { build, serve } from './helpers/app.js'
 import { insertGraph, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
 import { startIssuer, TEST_AUDIENCE, unsignedToken, type TestIssuer } from './helpers/issuer.js'
 import { insertEvents } from './helpers/sse.js'
@@ -55,9 +55,8 @@ async function call (base: string, method: string, url: string, headers: Record<
 }
 
 async function listening (t: Test, overrides: Parameters<typeof build>[1]): Promise<{ app: FastifyInstance, base: string }> {
-  const app = await build(t, { STREAM_TOKEN_SECRET: SECRET, STREAMS_LONG_POLL_MS: 200, ...overrides })
-  await app.listen({ port: 0, host: '127.0.0.1' })
-  return { app, base: `http://127.0.0.1:${(app.server.address() as { port: number }).port}` }
+  const { app, url } = await serve(t, { STREAM_TOKEN_SECRET: SECRET, STREAMS_LONG_POLL_MS: 200, ...overrides })
+  return { app, base: url }
 }
 
 /** A stream token signed with the test's key, with any claims (an expired one, say). */

@@ -1,9 +1,8 @@
-import type { FastifyInstance } from 'fastify'
 import { sql } from 'kysely'
 import t, { type Test } from 'tap'
 import { EXIT, main, parseDuration, type Io } from '../client/src/ocp-api.js'
 import type { Config } from '../config.js'
-import { build } from './helpers/app.js'
+import { serve as serveApp } from './helpers/app.js'
 import { insertGraph, makeRun, makeTask, makeAttempt, makeThread, makeMessage, writer } from './helpers/fixtures.js'
 import { insertEvents } from './helpers/sse.js'
 import { spawn } from 'node:child_process'
@@ -26,11 +25,8 @@ t.before(() => insertGraph({
   messages: [makeMessage({ thread_id: 'thread-cli', message_id: 'msg-cli', kind: 'question', summary: 'Which way?' })]
 }))
 
-async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: FastifyInstance, url: string }> {
-  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50, SSE_RETRY_MS: 100, ...overrides })
-  await app.listen({ port: 0, host: '127.0.0.1' })
-  return { app, url: `http://127.0.0.1:${(app.server.address() as { port: number }).port}` }
-}
+/** This file's application, listening. */
+const serve = (t: Test, overrides: Partial<Config> = {}) => serveApp(t, { EVENTS_POLL_INTERVAL_MS: 50, SSE_RETRY_MS: 100, ...overrides })
 
 interface Ran { code: number, stdout: string, stderr: string }
 

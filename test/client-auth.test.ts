@@ -1,12 +1,11 @@
 import { EventSource } from 'eventsource'
-import type { FastifyInstance } from 'fastify'
 import t, { type Test } from 'tap'
 import { ApiError, createClient, type Event, type StreamStatus } from '../client/src/index.js'
 import type { Config } from '../config.js'
-import { build } from './helpers/app.js'
+import { serve as serveApp } from './helpers/app.js'
 import { startIssuer } from './helpers/issuer.js'
 import { insertGraph, makeRun } from './helpers/fixtures.js'
-import { insertEvents } from './helpers/sse.js'
+import { insertEvents, take } from './helpers/sse.js'
 import { sleep, waitUntil } from './helpers/wait.js'
 
 // ocp-api-client with authentication on: the token as a header only (set,
@@ -18,11 +17,8 @@ const TOKEN = 'client-auth-secret'
 
 t.before(() => insertGraph({ runs: [makeRun({ run_id: 'run-ca1', status: 'running' }), makeRun({ run_id: 'run-ca2', status: 'done' })] }))
 
-async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: FastifyInstance, url: string }> {
-  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50, SSE_RETRY_MS: 100, API_TOKENS: TOKEN, ...overrides })
-  await app.listen({ port: 0, host: '127.0.0.1' })
-  return { app, url: `http://127.0.0.1:${(app.server.address() as { port: number }).port}` }
-}
+/** This file's application, listening. */
+const serve = (t: Test, overrides: Partial<Config> = {}) => serveApp(t, { EVENTS_POLL_INTERVAL_MS: 50, SSE_RETRY_MS: 100, API_TOKENS: TOKEN, ...overrides })
 
 interface Recorded { url: string, authorization?: string }
 
@@ -41,14 +37,6 @@ function recordingFetch (answer?: (url: string, response: () => Promise<Response
 const streams = (requests: Recorded[]) => requests.filter((request) => request.url.includes('/api/events/stream'))
 const grants = (requests: Recorded[]) => requests.filter((request) => request.url.includes('/api/stream-token'))
 
-async function take (events: AsyncGenerator<Event>, count: number): Promise<number[]> {
-  const ids: number[] = []
-  for await (const event of events) {
-    ids.push(event.event_id)
-    if (ids.length === count) break
-  }
-  return ids
-}
 
 t.test('auth(): what the service says, without a token', async (t) => {
   const open = await serve(t, { API_TOKENS: '' })

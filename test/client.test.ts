@@ -1,6 +1,5 @@
 import { readFileSync } from 'node:fs'
 import { createServer } from 'node:http'
-import type { FastifyInstance } from 'fastify'
 import { sql } from 'kysely'
 import t, { type Test } from 'tap'
 import type { Static } from 'typebox'
@@ -10,9 +9,9 @@ import { delay } from '../client/src/client.js'
 import { readSse } from '../client/src/sse.js'
 import type * as Schemas from '../schemas/resources.js'
 import type { Config } from '../config.js'
-import { build } from './helpers/app.js'
+import { serve as serveApp } from './helpers/app.js'
 import { insertGraph, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
-import { insertEvents } from './helpers/sse.js'
+import { insertEvents, take } from './helpers/sse.js'
 import { freePort, sleep, waitUntil } from './helpers/wait.js'
 
 // ocp-api-client against the real service: its reads, its errors, its
@@ -45,12 +44,8 @@ t.before(() => insertGraph({
   artifacts: [makeArtifact({ message_id: 'msg-c' })]
 }))
 
-async function serve (t: Test, overrides: Partial<Config> = {}, port = 0): Promise<{ app: FastifyInstance, url: string, port: number }> {
-  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50, SSE_RETRY_MS: 100, ...overrides })
-  await app.listen({ port, host: '127.0.0.1' })
-  const address = app.server.address() as { port: number }
-  return { app, url: `http://127.0.0.1:${address.port}`, port: address.port }
-}
+/** This file's application, listening. */
+const serve = (t: Test, overrides: Partial<Config> = {}, port = 0) => serveApp(t, { EVENTS_POLL_INTERVAL_MS: 50, SSE_RETRY_MS: 100, ...overrides }, port)
 
 /** A fetch that records what was asked, and answers with `answer` when it returns a Response. */
 function recordingFetch (answer?: (url: string, init: RequestInit | undefined, calls: number) => Response | undefined) {
@@ -173,14 +168,6 @@ t.test('readSse: LF, CRLF and CR line ends, multi-line data, comments, ids and r
   t.same(blocks, [{ retry: 300 }, { id: '1', data: '{"a":\n1}' }, { id: '2' }, { id: '3', data: '', comment: 'c' }], 'a comment alone is no block; with fields, the block keeps it')
 })
 
-async function take (events: AsyncGenerator<Event>, count: number): Promise<number[]> {
-  const ids: number[] = []
-  for await (const event of events) {
-    ids.push(event.event_id)
-    if (ids.length === count) break
-  }
-  return ids
-}
 
 t.test('watch: events in order, once, resuming across a restart of the service', async (t) => {
   const first = await serve(t)

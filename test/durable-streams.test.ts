@@ -10,7 +10,7 @@ import { CATCH_UP_PAGE_SIZE } from '../events/reader.js'
 import { encodeOffset } from '../events/durable/offsets.js'
 import { Waiter } from '../events/durable/waiter.js'
 import type { StoredEvent } from '../events/log.js'
-import { build } from './helpers/app.js'
+import { serve as serveApp } from './helpers/app.js'
 import { needsServer, testDatabaseUrl } from './helpers/database.js'
 import { sql } from 'kysely'
 import { insertGraph, makeAttempt, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
@@ -22,12 +22,8 @@ import { sleep, waitUntil } from './helpers/wait.js'
 
 interface Envelope { event_id: number, run_id: string, thread_id: string }
 
-async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: FastifyInstance, url: string }> {
-  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, STREAMS_LONG_POLL_MS: 1000, ...overrides })
-  await app.listen({ port: 0, host: '127.0.0.1' })
-  const { port } = app.server.address() as { port: number }
-  return { app, url: `http://127.0.0.1:${port}` }
-}
+/** This file's application, listening. */
+const serve = (t: Test, overrides: Partial<Config> = {}) => serveApp(t, { EVENTS_POLL_INTERVAL_MS: 20, STREAMS_LONG_POLL_MS: 1000, ...overrides })
 
 const ids = (events: Envelope[]) => events.map((event) => event.event_id)
 

@@ -1,9 +1,8 @@
-import type { FastifyInstance } from 'fastify'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
 import type { StoredEvent } from '../events/log.js'
 import { EVENT_OVERHEAD_BYTES, EventWindow } from '../events/window.js'
-import { build } from './helpers/app.js'
+import { serve as serveApp } from './helpers/app.js'
 import { insertGraph, makeRun, makeThread } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
 import { waitUntil } from './helpers/wait.js'
@@ -62,12 +61,8 @@ t.test('without bytes the window holds nothing, yet covers from its head on; it 
   t.same(ids(small.after(4990, {}, 100)), Array.from({ length: 10 }, (_, i) => 4991 + i), 'still exact after many compactions')
 })
 
-async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: FastifyInstance, url: string }> {
-  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, ...overrides })
-  await app.listen({ port: 0, host: '127.0.0.1' })
-  const { port } = app.server.address() as { port: number }
-  return { app, url: `http://127.0.0.1:${port}` }
-}
+/** This file's application, listening. */
+const serve = (t: Test, overrides: Partial<Config> = {}) => serveApp(t, { EVENTS_POLL_INTERVAL_MS: 20, ...overrides })
 
 t.before(() => insertGraph({
   runs: [makeRun({ run_id: 'run-w1' }), makeRun({ run_id: 'run-w2' })],

@@ -1,9 +1,8 @@
 import { request as httpRequest } from 'node:http'
 import { connect } from 'node:net'
-import type { FastifyInstance } from 'fastify'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
-import { build } from './helpers/app.js'
+import { build, serve as serveApp } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
 import { insertGraph, json, lockTable, makeRun, makeThread } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
@@ -17,12 +16,8 @@ const lockBlocksAll = needsServer('a table lock that blocks only the statements 
 // Streams end, and are freed, whatever the client does; plus the JSON page
 // and the X-Event-Cursor of reads.
 
-async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: FastifyInstance, url: string, port: number }> {
-  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, ...overrides })
-  await app.listen({ port: 0, host: '127.0.0.1' })
-  const { port } = app.server.address() as { port: number }
-  return { app, url: `http://127.0.0.1:${port}`, port }
-}
+/** This file's application, listening. */
+const serve = (t: Test, overrides: Partial<Config> = {}) => serveApp(t, { EVENTS_POLL_INTERVAL_MS: 20, ...overrides })
 
 t.before(() => insertGraph({
   runs: [makeRun({ run_id: 'run-l' })],

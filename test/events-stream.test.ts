@@ -1,20 +1,15 @@
 import { EventSource } from 'eventsource'
-import type { FastifyInstance } from 'fastify'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
-import { build } from './helpers/app.js'
+import { serve as serveApp } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
 import { insertGraph, json, makeRun } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
 
 // GET /api/events/stream: wire format, filters, order, resume, tail, errors.
 
-async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: FastifyInstance, url: string }> {
-  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, ...overrides })
-  await app.listen({ port: 0, host: '127.0.0.1' })
-  const { port } = app.server.address() as { port: number }
-  return { app, url: `http://127.0.0.1:${port}` }
-}
+/** This file's application, listening. */
+const serve = (t: Test, overrides: Partial<Config> = {}) => serveApp(t, { EVENTS_POLL_INTERVAL_MS: 20, ...overrides })
 
 const ids = (events: Array<{ event_id: number }>) => events.map((event) => event.event_id)
 

@@ -30,3 +30,11 @@ export async function build (t: Test, overrides: Partial<Config> = {}, options: 
   await app.ready()
   return app
 }
+
+/** An application (as build makes it) listening on loopback: its base URL and port. `port` 0: any free one. */
+export async function serve (t: Test, overrides: Partial<Config> = {}, port = 0): Promise<{ app: FastifyInstance, url: string, port: number }> {
+  const app = await build(t, overrides)
+  await app.listen({ port, host: '127.0.0.1' })
+  const address = app.server.address() as { port: number }
+  return { app, url: `http://127.0.0.1:${address.port}`, port: address.port }
+}

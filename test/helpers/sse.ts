@@ -105,3 +105,13 @@ export async function insertEvents (...events: Array<Partial<Insertable<EventsTa
   const rows = await db.insertInto('events').values(events.map(makeEvent)).returning('event_id').execute()
   return rows.map((row) => Number(row.event_id))
 }
+
+/** The ids of the first `count` events a client's stream yields (then it stops iterating, which closes the stream). */
+export async function take (events: AsyncGenerator<{ event_id: number }>, count: number): Promise<number[]> {
+  const ids: number[] = []
+  for await (const event of events) {
+    ids.push(event.event_id)
+    if (ids.length === count) break
+  }
+  return ids
+}
