@@ -11,13 +11,9 @@
  *   npm run bench:auth -- [--seconds 10] [--rounds 3] [--connections 16] [--no-build]
  */
 import autocannon from 'autocannon'
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
-import { join } from 'node:path'
 import { parseArgs } from 'node:util'
-import pg from 'pg'
-import { seed } from '../db/seed.js'
 import { startIssuer } from '../test/helpers/issuer.js'
-import { adminUrl, formatInt, freePort, gitDescription, root, sleep, withDatabase } from './common.js'
+import { buildService, demoDatabase, formatInt, gitDescription, median, startBuiltService } from './common.js'
 
 const { values: args } = parseArgs({
   options: {
@@ -35,22 +31,6 @@ const PATH = '/api/runs/run-demo-1'
 const STATIC_TOKEN = 'bench-static-token'
 const FRESH_TOKENS = 15_000
 
-async function startService (databaseUrl: string, env: Record<string, string>): Promise<{ url: string, child: ChildProcess }> {
-  const port = await freePort()
-  const child = spawn(process.execPath, [join(root, 'dist/server.js')], {
-    cwd: root,
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', LOG_FORMAT: 'json', ...env },
-    stdio: ['ignore', 'ignore', 'inherit']
-  })
-  const url = `http://127.0.0.1:${port}`
-  for (let i = 0; i < 300; i++) {
-    try {
-      if ((await fetch(`${url}/ready`)).ok) return { url, child }
-    } catch {}
-    await sleep(100)
-  }
-  throw new Error('the service did not become ready')
-}
 
 /** One stretch of load; `tokens` are sent in turn, one per request. */
 async function load (url: string, tokens: string[], seconds = SECONDS) {
@@ -65,27 +45,18 @@ async function load (url: string, tokens: string[], seconds = SECONDS) {
   return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99 }
 }
 
-const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
-
 async function main () {
   if (!args['no-build']) {
-    const build = spawnSync('npm', ['run', '--silent', 'build'], { cwd: root, stdio: 'inherit' })
-    if (build.status !== 0) throw new Error('npm run build failed')
+    buildService()
   }
-  const admin = new pg.Client({ connectionString: adminUrl() })
-  await admin.connect()
-  await admin.query(`drop database if exists ${DATABASE} with (force)`)
-  await admin.query(`create database ${DATABASE}`)
-  await admin.end()
-  const databaseUrl = withDatabase(adminUrl(), DATABASE)
-  await seed(databaseUrl, join(root, 'fixtures/demo.json')) // migrates, then loads
+  const databaseUrl = await demoDatabase(DATABASE)
 
   const closers: Array<() => void> = []
   const issuer = await startIssuer({ teardown: (fn) => closers.push(fn) })
   const jwt = await issuer.sign({}, { expiresIn: 3600 })
   const fresh = await Promise.all(Array.from({ length: FRESH_TOKENS }, (_, i) => issuer.sign({ sub: `user-${i}` }, { expiresIn: 3600 })))
   const modes = { static: [STATIC_TOKEN], jwt: [jwt], 'jwt, new each request': fresh }
-  const service = await startService(databaseUrl, { API_TOKENS: STATIC_TOKEN, AUTH_ISSUERS: JSON.stringify([{ issuer: issuer.url, audience: 'ocp-api' }]) })
+  const service = await startBuiltService(databaseUrl, { LOG_LEVEL: 'warn', API_TOKENS: STATIC_TOKEN, AUTH_ISSUERS: JSON.stringify([{ issuer: issuer.url, audience: 'ocp-api' }]) })
   try {
     console.log(`bench:auth, ${gitDescription()}, node ${process.version}: GET ${PATH}, ${CONNECTIONS} connections, ${SECONDS} s a round, ${ROUNDS} rounds alternating; RS256 JWTs`)
     for (const tokens of Object.values(modes)) await load(service.url, tokens, 2) // warm-up: the JIT, the pool, the keys

@@ -3,10 +3,11 @@
  * that records what a database holds, and small process helpers (those the
  * tests have too come from test/helpers/wait.ts).
  */
-import { execFileSync } from 'node:child_process'
+import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
+import { seed } from '../db/seed.js'
 import { freePort, sleep, withDatabase } from '../test/helpers/wait.js'
 
 export { freePort, sleep, withDatabase }
@@ -95,4 +96,43 @@ export function gitDescription (): string {
   } catch {
     return 'unknown'
   }
+}
+
+/** The middle value (the upper one of an even count). */
+export const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
+
+/** `npm run build`: the service as `npm start` runs it (dist/). */
+export function buildService (): void {
+  const build = spawnSync('npm', ['run', '--silent', 'build'], { cwd: root, stdio: 'inherit' })
+  if (build.status !== 0) throw new Error('npm run build failed')
+}
+
+/** Database `name` beside the admin URL's, made anew with the demo fixture (migrated, then loaded); its URL. */
+export async function demoDatabase (name: string): Promise<string> {
+  const admin = new pg.Client({ connectionString: adminUrl() })
+  await admin.connect()
+  await admin.query(`drop database if exists ${name} with (force)`)
+  await admin.query(`create database ${name}`)
+  await admin.end()
+  const databaseUrl = withDatabase(adminUrl(), name)
+  await seed(databaseUrl, join(root, 'fixtures/demo.json'))
+  return databaseUrl
+}
+
+/** The built service (node dist/server.js) on a free port over `databaseUrl`, once /ready answers; `env` adds to or overrides its environment. */
+export async function startBuiltService (databaseUrl: string, env: Record<string, string>): Promise<{ url: string, child: ChildProcess }> {
+  const port = await freePort()
+  const child = spawn(process.execPath, [join(root, 'dist/server.js')], {
+    cwd: root,
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'info', LOG_FORMAT: 'json', ...env },
+    stdio: ['ignore', 'ignore', 'inherit']
+  })
+  const url = `http://127.0.0.1:${port}`
+  for (let i = 0; i < 300; i++) {
+    try {
+      if ((await fetch(`${url}/ready`)).ok) return { url, child }
+    } catch {}
+    await sleep(100)
+  }
+  throw new Error('the service did not become ready')
 }

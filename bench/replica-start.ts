@@ -23,7 +23,7 @@ import pg from 'pg'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
 import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl, formatInt, gitDescription, sleep, withDatabase } from './common.js'
+import { adminUrl, formatInt, gitDescription, median, sleep, withDatabase } from './common.js'
 
 const { values: args } = parseArgs({
   options: {
@@ -116,7 +116,6 @@ async function measure (name: string, events: number): Promise<Start[]> {
 console.log(`bench:replica-start on ${gitDescription()}, Node ${process.version}: a replica started while a writer is open, ${formatInt(small)} and ${formatInt(large)} events, ${rounds} round(s) each`)
 const smallRuns = await measure('ocp_bench_start_small', small)
 const largeRuns = await measure('ocp_bench_start_large', large)
-const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
 const row = (label: string, runs: Start[]) => `| ${label} | ${median(runs.map((r) => r.readyMs)).toFixed(0)} ms | ${median(runs.map((r) => r.firstReadMs)).toFixed(1)} ms | ${runs.every((r) => r.firstCursor === r.runningCursor && r.firstCursor === r.held - 1) ? 'yes' : 'NO'} |`
 console.log('\n| history | time to /ready (median) | its first read (median) | first X-Event-Cursor = the running replica\'s = the open writer\'s id - 1 |')
 console.log('|---|---:|---:|---|')

@@ -9,13 +9,9 @@
  *   npm run bench:tracing -- [--seconds 10] [--rounds 3] [--connections 16]
  */
 import autocannon from 'autocannon'
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { createServer } from 'node:http'
-import { join } from 'node:path'
 import { parseArgs } from 'node:util'
-import pg from 'pg'
-import { seed } from '../db/seed.js'
-import { adminUrl, formatInt, freePort, gitDescription, root, sleep, withDatabase } from './common.js'
+import { buildService, demoDatabase, formatInt, gitDescription, median, startBuiltService } from './common.js'
 
 const { values: args } = parseArgs({
   options: {
@@ -47,22 +43,6 @@ async function collector () {
   return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, spans: () => spans, close: () => server.close() }
 }
 
-async function startService (databaseUrl: string, env: Record<string, string>): Promise<{ url: string, child: ChildProcess }> {
-  const port = await freePort()
-  const child = spawn(process.execPath, [join(root, 'dist/server.js')], {
-    cwd: root,
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'info', LOG_FORMAT: 'json', ...env },
-    stdio: ['ignore', 'ignore', 'inherit']
-  })
-  const url = `http://127.0.0.1:${port}`
-  for (let i = 0; i < 300; i++) {
-    try {
-      if ((await fetch(`${url}/ready`)).ok) return { url, child }
-    } catch {}
-    await sleep(100)
-  }
-  throw new Error('the service did not become ready')
-}
 
 async function load (url: string) {
   const result = await autocannon({ url: `${url}${PATH}`, connections: CONNECTIONS, duration: SECONDS })
@@ -70,18 +50,9 @@ async function load (url: string) {
   return { rps: result.requests.average, p99: result.latency.p99 }
 }
 
-const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
-
 async function main () {
-  const build = spawnSync('npm', ['run', '--silent', 'build'], { cwd: root, stdio: 'inherit' })
-  if (build.status !== 0) throw new Error('npm run build failed')
-  const admin = new pg.Client({ connectionString: adminUrl() })
-  await admin.connect()
-  await admin.query(`drop database if exists ${DATABASE} with (force)`)
-  await admin.query(`create database ${DATABASE}`)
-  await admin.end()
-  const databaseUrl = withDatabase(adminUrl(), DATABASE)
-  await seed(databaseUrl, join(root, 'fixtures/demo.json')) // migrates, then loads
+  buildService()
+  const databaseUrl = await demoDatabase(DATABASE)
 
   const sink = await collector()
   const modes = {
@@ -92,7 +63,7 @@ async function main () {
   const results: Record<keyof typeof modes, Array<{ rps: number, p99: number }>> = { off: [], on: [] }
   for (let round = 1; round <= ROUNDS; round++) {
     for (const mode of ['off', 'on'] as const) {
-      const service = await startService(databaseUrl, modes[mode])
+      const service = await startBuiltService(databaseUrl, modes[mode])
       await load(service.url) // warm-up: the JIT, the pool, the prepared statements
       const result = await load(service.url)
       results[mode].push(result)
