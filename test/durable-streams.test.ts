@@ -407,6 +407,23 @@ t.test('a crowd of long-polls is answered a turn of the event loop at a time (an
   t.ok(afterTurn.at(-1), 'the rest after the loop turned')
 })
 
+t.test('a crowd arriving at once on a run not yet checked shares one existence query; an unknown run\'s crowd one 404', async (t) => {
+  const { app, url } = await serve(t)
+  await insertGraph({ runs: [makeRun({ run_id: 'ds-crowd-check' })] })
+  const tables: string[] = []
+  const selectFrom = app.db.selectFrom.bind(app.db)
+  app.db.selectFrom = ((table: string) => { tables.push(table); return selectFrom(table as 'runs') }) as typeof app.db.selectFrom
+  const tail = (await fetch(`${url}/api/streams/events?offset=now`)).headers.get('stream-next-offset')!
+  const known = await Promise.all(Array.from({ length: 20 }, () => fetch(`${url}/api/streams/runs/ds-crowd-check?offset=${tail}`)))
+  t.same(known.map((response) => response.status), Array(20).fill(200))
+  const unknown = await Promise.all(Array.from({ length: 20 }, () => fetch(`${url}/api/streams/runs/ds-no-such-run?offset=${tail}`)))
+  t.same(unknown.map((response) => response.status), Array(20).fill(404))
+  t.same(tables.filter((table) => table === 'runs'), ['runs', 'runs'], 'one query for each crowd')
+  // A later request for the unknown run asks again (only existence is remembered).
+  t.equal((await fetch(`${url}/api/streams/runs/ds-no-such-run?offset=${tail}`)).status, 404)
+  t.equal(tables.filter((table) => table === 'runs').length, 3)
+})
+
 t.test('headPast: at once when the head is past the position, after maxMs when it does not move, and at once when the hub stops', async (t) => {
   const { app } = await serve(t)
   await insertEvents({ run_id: 'ds-head' })

@@ -67,13 +67,24 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { STREAMS_LONG_POLL_MS, STREAMS_SSE_MAX_MS } = app.config
   /** Runs and threads found to exist, and when (they are not deleted while watched; a minute bounds the error). */
   const known = new Map<string, number>()
+  /**
+   * The checks in flight, by subject: a crowd arriving at once (5,000
+   * long-polls of one run) shares one query, rather than each holding its
+   * request in memory while its own query waits for a connection.
+   */
+  const checking = new Map<string, Promise<boolean>>()
 
   async function checkExists (filter: EventFilter): Promise<void> {
     const key = filter.runId !== undefined ? `r${filter.runId}` : filter.threadId !== undefined ? `t${filter.threadId}` : undefined
     if (key === undefined) return
     const now = Date.now()
     if ((known.get(key) ?? -Infinity) > now - KNOWN_SUBJECT_MS) return
-    if (!await streamSubjectExists(app.db, filter)) throw notFound(filter.runId !== undefined ? 'run' : 'thread')
+    let check = checking.get(key)
+    if (check === undefined) {
+      check = streamSubjectExists(app.db, filter).finally(() => checking.delete(key))
+      checking.set(key, check)
+    }
+    if (!await check) throw notFound(filter.runId !== undefined ? 'run' : 'thread')
     /* c8 ignore next: the memory bound, reached after 100,000 distinct runs and threads within a minute */
     if (known.size >= MAX_KNOWN_SUBJECTS) known.clear()
     known.set(key, now)
