@@ -17,8 +17,8 @@ export const CATCH_UP_PAGE_SIZE = 500
  * sequence has handed out (400: it would wait forever). A cursor merely
  * ahead of the settled position waits.
  */
-export function assertEventCursorKept (name: string, cursor: number, state: LogState): void {
-  if (cursor < state.floor) throw cursorExpired(name, cursor, state.floor)
+export function assertEventCursorKept (name: string, cursor: number, state: LogState, floor = state.floor): void {
+  if (cursor < floor) throw cursorExpired(name, cursor, floor)
   const reissued = reissuedRange(state, cursor)
   if (reissued !== undefined) throw cursorReissued(name, cursor, ...reissued)
   if (state.newTimeline && cursor > state.settled) throw timelinePending(name)
@@ -71,9 +71,25 @@ export class EventReader {
     return eventsAfterKept(this.db, afterId, filter, CATCH_UP_PAGE_SIZE, upTo)
   }
 
+  /**
+   * readAfter's events up to the hub's head when the window holds them all
+   * (then nothing after `afterId` has gone: the floor is not checked), at
+   * once, without a promise: a crowd of long-polls re-polling from the head
+   * takes this path. Undefined when the table must be read.
+   */
+  recentKeptAfter (afterId: number, filter: EventFilter, name: string): StoredEvent[] | undefined {
+    const state = this.hub.state!
+    if (afterId > state.drawn) return undefined
+    const recent = this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
+    if (recent !== undefined) assertEventCursorKept(name, afterId, state, 0)
+    return recent
+  }
+
   /** As readKept, for an event cursor named `name` that a client gave (assertEventCursorKept). */
   async readAfter (afterId: number, filter: EventFilter, name: string, upTo = this.hub.head!): Promise<StoredEvent[]> {
-    const { state, events } = await this.readKept(afterId, filter, upTo)
+    const recent = upTo > this.hub.head! ? undefined : this.recentKeptAfter(afterId, filter, name)
+    if (recent !== undefined) return recent
+    const { state, events } = await eventsAfterKept(this.db, afterId, filter, CATCH_UP_PAGE_SIZE, upTo)
     assertEventCursorKept(name, afterId, state)
     return events
   }

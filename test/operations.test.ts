@@ -27,7 +27,10 @@ t.test('request ids: an incoming X-Request-Id is honoured and echoed, else one i
   const given = await app.inject({ url: '/api/runs', headers: { 'x-request-id': 'trace-abc.123' } })
   t.equal(given.headers['x-request-id'], 'trace-abc.123')
   const made = await app.inject('/api/runs')
-  t.match(made.headers['x-request-id'], /^[0-9a-f-]{36}$/)
+  const UUID_V4 = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/
+  t.match(made.headers['x-request-id'], UUID_V4, 'a version 4 UUID')
+  const more = await Promise.all(Array.from({ length: 100 }, () => app.inject('/health')))
+  t.equal(new Set([made, ...more].map((response) => response.headers['x-request-id'])).size, 101, 'each request its own')
   const hostile = await app.inject({ url: '/api/runs', headers: { 'x-request-id': 'evil\u0001id with spaces' } })
   t.match(hostile.headers['x-request-id'], /^[0-9a-f-]{36}$/, 'a malformed id is replaced, not echoed')
   const long = await app.inject({ url: '/health', headers: { 'x-request-id': 'a'.repeat(129) } })

@@ -89,7 +89,7 @@ export class DurableReads {
    */
   async longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
     const { hub } = this
-    const head = await hub.ready()
+    const head = hub.head ?? await hub.ready()
     const waiter = new Waiter(filter, offset === 'now' ? head : offset === 'oldest' ? 0 : offset, CATCH_UP_PAGE_SIZE)
     // Listening before the catch-up read, for the reason a stream subscribes first (sse/streams.ts).
     this.#waiters.add(waiter)
@@ -99,7 +99,8 @@ export class DurableReads {
         // The tail as a plain read sees it now (the hub's head may be a poll behind): only what commits after it.
         waiter.raiseTo((await this.page('now', filter, name, true)).next)
       } else {
-        const page = await this.page(offset, filter, name)
+        // A re-poll from a recent offset (a crowd's every poll) is read from the window at once.
+        const page = (offset === 'oldest' ? undefined : this.#recentPage(offset, filter, name)) ?? await this.page(offset, filter, name)
         if (page.events.length > 0) return page
       }
       await waiter.wait(timeoutMs, whenGone)
@@ -109,6 +110,12 @@ export class DurableReads {
     }
     // Between two awaits the head covers every event handed out.
     return this.#pageOf(waiter.events, Math.max(waiter.afterId, hub.head!))
+  }
+
+  /** page()'s answer for `offset` from the window of recent events, without a promise; undefined when the table must be read. */
+  #recentPage (offset: number, filter: EventFilter, name: string): StreamPage | undefined {
+    const events = this.reader.recentKeptAfter(offset, filter, name)
+    return events === undefined ? undefined : this.#pageOf(events, Math.max(offset, this.hub.head!))
   }
 
   /** A page from `-1`: it starts above the floor (rows at or below it may linger until their partition goes). */

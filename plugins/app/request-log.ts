@@ -8,10 +8,24 @@ import type { Bindings, ChildLoggerOptions, Level, LevelWithSilentOrString, LogF
 /** An incoming X-Request-Id is honoured when it looks like an id; otherwise one is made. */
 const REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/
 
+/**
+ * The ids this process makes: a random version 4 UUID whose last group
+ * counts up. randomUUID() for each request made about 460 bytes of
+ * garbage (a crowd of long-polls answered every 200 ms made hundreds of
+ * megabytes a minute); this makes one short string. Unique within the
+ * process by the counter and across replicas by the 80 random bits before
+ * it; still a well-formed UUID, as docs/operating.md says.
+ */
+const idPrefix = randomUUID().slice(0, 24)
+let idCount = Number.parseInt(randomUUID().slice(24, 36), 16)
+const ID_GROUP = 2 ** 48
+
 /** Fastify's genReqId: the caller's X-Request-Id, or a fresh UUID. */
 export function requestIdOf (request: IncomingMessage): string {
   const header = request.headers['x-request-id']
-  return typeof header === 'string' && REQUEST_ID.test(header) ? header : randomUUID()
+  if (typeof header === 'string' && REQUEST_ID.test(header)) return header
+  idCount = (idCount + 1) % ID_GROUP
+  return idPrefix + idCount.toString(16).padStart(12, '0')
 }
 
 /** The URL as logged: a token given in the query (a stream's stream_token or access_token) never reaches the logs. */

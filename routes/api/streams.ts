@@ -1,5 +1,5 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import type { FastifyReply } from 'fastify'
+import type { FastifyReply, FastifyRequest, RouteHandlerMethod } from 'fastify'
 import { Type, type Static } from 'typebox'
 import { ApiError, CursorBeyondError, invalidParameter, notFound, offsetBeyond } from '../../errors.js'
 import { durableSseFormat, encodeOffset, nextStreamCursor, parseOffset, parseStreamCursor, streamSubjectExists, type EventFilter, type StoredEvent, type StreamPage } from '../../events/index.js'
@@ -23,6 +23,13 @@ const EMPTY_ARRAY = Buffer.from('[]')
 const KNOWN_SUBJECT_MS = 60_000
 /** The most subjects remembered (then the memory starts over). */
 const MAX_KNOWN_SUBJECTS = 100_000
+
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** The route's handler for a request that does not stream (see the onRoute hook below). */
+    plainHandler?: RouteHandlerMethod
+  }
+}
 
 const streamHeaders = {
   'stream-next-offset': Type.String({ description: 'Where the next read starts: a settled position, as an opaque offset' }),
@@ -66,28 +73,34 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { events } = app
   const { STREAMS_LONG_POLL_MS, STREAMS_SSE_MAX_MS } = app.config
   /** Runs and threads found to exist, and when (they are not deleted while watched; a minute bounds the error). */
-  const known = new Map<string, number>()
+  const known = { run: new Map<string, number>(), thread: new Map<string, number>() }
   /**
    * The checks in flight, by subject: a crowd arriving at once (5,000
    * long-polls of one run) shares one query, rather than each holding its
    * request in memory while its own query waits for a connection.
    */
-  const checking = new Map<string, Promise<boolean>>()
+  const checking = { run: new Map<string, Promise<boolean>>(), thread: new Map<string, Promise<boolean>>() }
 
-  async function checkExists (filter: EventFilter): Promise<void> {
-    const key = filter.runId !== undefined ? `r${filter.runId}` : filter.threadId !== undefined ? `t${filter.threadId}` : undefined
-    if (key === undefined) return
+  /** Throws 404 for a run or thread that does not exist; undefined (no promise) when it is known to. */
+  function checkExists (filter: EventFilter): Promise<void> | undefined {
+    const kind = filter.runId !== undefined ? 'run' : filter.threadId !== undefined ? 'thread' : undefined
+    if (kind === undefined) return undefined
+    const id = (kind === 'run' ? filter.runId : filter.threadId)!
     const now = Date.now()
-    if ((known.get(key) ?? -Infinity) > now - KNOWN_SUBJECT_MS) return
-    let check = checking.get(key)
+    if ((known[kind].get(id) ?? -Infinity) > now - KNOWN_SUBJECT_MS) return undefined
+    return queryExists(kind, id, filter, now)
+  }
+
+  async function queryExists (kind: 'run' | 'thread', id: string, filter: EventFilter, now: number): Promise<void> {
+    let check = checking[kind].get(id)
     if (check === undefined) {
-      check = streamSubjectExists(app.db, filter).finally(() => checking.delete(key))
-      checking.set(key, check)
+      check = streamSubjectExists(app.db, filter).finally(() => checking[kind].delete(id))
+      checking[kind].set(id, check)
     }
-    if (!await check) throw notFound(filter.runId !== undefined ? 'run' : 'thread')
+    if (!await check) throw notFound(kind)
     /* c8 ignore next: the memory bound, reached after 100,000 distinct runs and threads within a minute */
-    if (known.size >= MAX_KNOWN_SUBJECTS) known.clear()
-    known.set(key, now)
+    if (known[kind].size >= MAX_KNOWN_SUBJECTS) known[kind].clear()
+    known[kind].set(id, now)
   }
 
   /** The protocol says `offset`, written as offsets are, and to start again from -1: the 410 and the 400 say so, not the event stream's advice. */
@@ -128,7 +141,8 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const offset = parseOffset(query.offset)
     const cursor = parseStreamCursor(query.cursor)
     reply.header('cross-origin-resource-policy', 'cross-origin')
-    await checkExists(filter)
+    const checked = checkExists(filter)
+    if (checked !== undefined) await checked
     if (live === 'sse') {
       const start = offset === 'now' ? 'tail' : offset === 'oldest' ? 'oldest' : { afterId: offset, name: 'offset' }
       const format = (head: () => number) => durableSseFormat(head, () => nextStreamCursor(Date.now(), cursor))
@@ -136,7 +150,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     }
     if (live === 'long-poll') {
       // Stopped only when the client leaves before its answer (a 'close' after the answer is every request's).
-      const whenGone = (stop: () => void) => reply.raw.once('close', () => { if (!reply.raw.writableEnded) stop() })
+      const whenGone = (stop: () => void) => reply.raw.on('close', () => { if (!reply.raw.writableEnded) stop() })
       const page = await events.durable.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone).catch(renameCursorErrors)
       reply.header('stream-cursor', nextStreamCursor(Date.now(), cursor))
       if (page.events.length > 0) return sendPage(reply, page)
@@ -150,15 +164,29 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
       .header('cache-control', NO_STORE).type(DURABLE_JSON).send(EMPTY_ARRAY)
   }
 
+  // @fastify/sse wraps the handler of a route that may stream: every request
+  // gets an SSE context, two listeners and one more async frame. Here only
+  // live=sse streams; a long-poll or catch-up (a crowd's every request) runs
+  // the route's own handler, kept in its config (plainHandler).
+  app.addHook('onRoute', (route) => {
+    const plain = route.config?.plainHandler
+    if (plain === undefined) return
+    const withSse = route.handler
+    route.handler = function (request, reply) {
+      return ((request.query as { live?: string }).live === 'sse' ? withSse : plain).call(this, request, reply)
+    }
+  })
+
   const notAllowed = new ApiError('method_not_allowed', 'this stream is read-only (GET and HEAD): the orchestrator writes the event log, never a client')
 
   for (const stream of STREAMS) {
     const params = stream.params === undefined ? {} : { params: stream.params }
+    const handler = async (request: FastifyRequest, reply: FastifyReply) => read(request.query as Static<typeof DurableStreamQuery>, reply, stream.filter(request.params as Record<string, string>))
     app.get(stream.url, {
       exposeHeadRoute: false,
       sse: { kind: 'manual' },
       // A transient refusal of an SSE read is answered as a retry, as on the event stream.
-      config: { eventStream: (request) => (request.query as { live?: string }).live === 'sse', streamScope: (request) => streamScope(stream.filter(request.params as Record<string, string>)) },
+      config: { plainHandler: handler, eventStream: (request) => (request.query as { live?: string }).live === 'sse', streamScope: (request) => streamScope(stream.filter(request.params as Record<string, string>)) },
       schema: {
         operationId: `readDurableStream${stream.name}`,
         tags: ['streams'],
@@ -169,7 +197,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
         headers: ConditionalHeaders,
         response: readResponses
       }
-    }, async (request, reply) => read(request.query, reply, stream.filter(request.params as Record<string, string>)))
+    }, handler)
 
     app.head(stream.url, {
       config: { streamScope: (request) => streamScope(stream.filter(request.params as Record<string, string>)) },
