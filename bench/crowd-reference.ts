@@ -19,7 +19,8 @@
  *   ... npm run bench:crowd-reference -- --only service --node-args '--cpu-prof --cpu-prof-dir=/tmp/prof'
  *
  * The service runs as it ships (npm start's node flags and dist/server.js,
- * built first unless --no-build; --node-args are given to its Node too). "server CPU" is the
+ * built first unless --no-build; --node-args are given to its Node after
+ * them, so that a flag there wins). "server CPU" is the
  * CPU time its process used while the appends ran (Linux's /proc).
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
@@ -117,7 +118,7 @@ async function service (): Promise<Server> {
   await writer.query(`insert into runs (run_id, goal, summary, status) values ($1, 'crowd', '', 'running')`, [RUN])
   const port = await freePort()
   // As it ships (the Dockerfile's and `npm start`'s dist/server.js), not through tsx.
-  const child = spawn(process.execPath, [...args['node-args'].split(' ').filter(Boolean), ...startFlags().split(/\s+/).filter(Boolean), join(root, 'dist/server.js')], {
+  const child = spawn(process.execPath, [...startFlags().split(/\s+/).filter(Boolean), ...args['node-args'].split(' ').filter(Boolean), join(root, 'dist/server.js')], {
     cwd: root,
     env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'error', MIGRATE_ON_START: 'false', STREAMS_LONG_POLL_MS: String(LONG_POLL_MS) },
     stdio: ['ignore', 'inherit', 'inherit']
