@@ -4,7 +4,7 @@ import { Kysely, PostgresDialect, sql } from 'kysely'
 import { Migrator } from 'kysely/migration'
 import { migrateToLatest } from '../db/migrate.js'
 import { migrations } from '../db/migrations/index.js'
-import { serverDatabaseUrl, withDatabase } from './helpers/database.js'
+import { serverDatabaseUrl, withAdmin, withDatabase } from './helpers/database.js'
 import { runScript as run } from './helpers/run.js'
 import { openStream } from './helpers/sse.js'
 
@@ -13,15 +13,12 @@ import { openStream } from './helpers/sse.js'
 /** A fresh, empty database for the entry points to migrate. */
 async function emptyDatabase (t: Test, name: string): Promise<string> {
   const url = await serverDatabaseUrl()
-  const admin = new pg.Client({ connectionString: url })
-  await admin.connect()
   const database = `ocp_test_${name}_${process.pid}`
-  await admin.query(`drop database if exists "${database}" with (force)`)
-  await admin.query(`create database "${database}"`)
-  t.teardown(async () => {
+  await withAdmin(url, async (admin) => {
     await admin.query(`drop database if exists "${database}" with (force)`)
-    await admin.end()
+    await admin.query(`create database "${database}"`)
   })
+  t.teardown(() => withAdmin(url, (admin) => admin.query(`drop database if exists "${database}" with (force)`)))
   return withDatabase(url, database)
 }
 

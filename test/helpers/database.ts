@@ -67,7 +67,8 @@ function migrationsFingerprint (): string {
   return hash.digest('hex').slice(0, 12)
 }
 
-async function withAdmin<T> (url: string, work: (client: pg.Client) => Promise<T>): Promise<T> {
+/** Work on a connection of its own, closed after it: no idle connection outlives the work (a connection held idle across a test can be ended under it). */
+export async function withAdmin<T> (url: string, work: (client: pg.Client) => Promise<T>): Promise<T> {
   const client = new pg.Client({ connectionString: url })
   await client.connect()
   try {
