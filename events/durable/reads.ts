@@ -89,7 +89,7 @@ export class DurableReads {
    */
   async longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
     const { hub } = this
-    const head = hub.head ?? await hub.ready()
+    const head = await hub.ready()
     const waiter = new Waiter(filter, offset === 'now' ? head : offset === 'oldest' ? 0 : offset, CATCH_UP_PAGE_SIZE)
     // Listening before the catch-up read, for the reason a stream subscribes first (sse/streams.ts).
     this.#waiters.add(waiter)
