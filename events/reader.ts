@@ -56,6 +56,17 @@ export class EventReader {
   }
 
   /**
+   * A page of events after `afterId`, never past `upTo`, from the window of
+   * recent events when it holds them all; undefined when the table must be
+   * read. The window ends at the hub's head: a read up to a fresher
+   * position goes to the table. So does a cursor above the ids drawn when
+   * the hub last polled: handed out since, or never (assertEventCursorKept).
+   */
+  #fromWindow (afterId: number, filter: EventFilter, upTo: number): StoredEvent[] | undefined {
+    return upTo > this.hub.head! || afterId > this.hub.state!.drawn ? undefined : this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
+  }
+
+  /**
    * Up to a page of events after `afterId`, never past `upTo` (a settled
    * head: what lies above it reaches a stream live), with the history's
    * floor: from the window of recent events when it holds them all (then
@@ -63,31 +74,26 @@ export class EventReader {
    * table, the floor read in the same statement.
    */
   async readKept (afterId: number, filter: EventFilter, upTo: number): Promise<{ state: LogState, events: StoredEvent[] }> {
-    const { head, state } = this.hub
-    // The window ends at the hub's head: a read up to a fresher position goes to the table. So does a
-    // cursor above the ids drawn when the hub last polled: handed out since, or never (assertEventCursorKept).
-    const recent = upTo > head! || afterId > state!.drawn ? undefined : this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
-    if (recent !== undefined) return { state: { ...state!, floor: 0 }, events: recent }
+    const recent = this.#fromWindow(afterId, filter, upTo)
+    if (recent !== undefined) return { state: { ...this.hub.state!, floor: 0 }, events: recent }
     return eventsAfterKept(this.db, afterId, filter, CATCH_UP_PAGE_SIZE, upTo)
   }
 
   /**
-   * readAfter's events up to the hub's head when the window holds them all
-   * (then nothing after `afterId` has gone: the floor is not checked), at
-   * once, without a promise: a crowd of long-polls re-polling from the head
-   * takes this path. Undefined when the table must be read.
+   * readAfter's events when the window holds them all (then nothing after
+   * `afterId` has gone: the floor is not checked), at once, without a
+   * promise: a crowd of long-polls re-polling from the head takes this
+   * path. Undefined when the table must be read.
    */
-  recentKeptAfter (afterId: number, filter: EventFilter, name: string): StoredEvent[] | undefined {
-    const state = this.hub.state!
-    if (afterId > state.drawn) return undefined
-    const recent = this.recentAfter(afterId, filter, CATCH_UP_PAGE_SIZE)
-    if (recent !== undefined) assertEventCursorKept(name, afterId, state, 0)
+  recentKeptAfter (afterId: number, filter: EventFilter, name: string, upTo = this.hub.head!): StoredEvent[] | undefined {
+    const recent = this.#fromWindow(afterId, filter, upTo)
+    if (recent !== undefined) assertEventCursorKept(name, afterId, this.hub.state!, 0)
     return recent
   }
 
   /** As readKept, for an event cursor named `name` that a client gave (assertEventCursorKept). */
   async readAfter (afterId: number, filter: EventFilter, name: string, upTo = this.hub.head!): Promise<StoredEvent[]> {
-    const recent = upTo > this.hub.head! ? undefined : this.recentKeptAfter(afterId, filter, name)
+    const recent = this.recentKeptAfter(afterId, filter, name, upTo)
     if (recent !== undefined) return recent
     const { state, events } = await eventsAfterKept(this.db, afterId, filter, CATCH_UP_PAGE_SIZE, upTo)
     assertEventCursorKept(name, afterId, state)

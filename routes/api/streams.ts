@@ -31,6 +31,9 @@ declare module 'fastify' {
   }
 }
 
+/** Whether a read of a stream asks for SSE (`live=sse`): the only one that streams. */
+const readsSse = (request: FastifyRequest) => (request.query as { live?: string }).live === 'sse'
+
 const streamHeaders = {
   'stream-next-offset': Type.String({ description: 'Where the next read starts: a settled position, as an opaque offset' }),
   'stream-up-to-date': Type.String({ enum: ['true'], description: 'Present (`true`) when the answer reaches the head of the log' }),
@@ -173,7 +176,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     if (plain === undefined) return
     const withSse = route.handler
     route.handler = function (request, reply) {
-      return ((request.query as { live?: string }).live === 'sse' ? withSse : plain).call(this, request, reply)
+      return (readsSse(request) ? withSse : plain).call(this, request, reply)
     }
   })
 
@@ -186,7 +189,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
       exposeHeadRoute: false,
       sse: { kind: 'manual' },
       // A transient refusal of an SSE read is answered as a retry, as on the event stream.
-      config: { plainHandler: handler, eventStream: (request) => (request.query as { live?: string }).live === 'sse', streamScope: (request) => streamScope(stream.filter(request.params as Record<string, string>)) },
+      config: { plainHandler: handler, eventStream: readsSse, streamScope: (request) => streamScope(stream.filter(request.params as Record<string, string>)) },
       schema: {
         operationId: `readDurableStream${stream.name}`,
         tags: ['streams'],
