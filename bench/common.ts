@@ -7,6 +7,7 @@ import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_pr
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
+import { migrateToLatest } from '../db/migrate.js'
 import { seed } from '../db/seed.js'
 import { freePort, sleep, withDatabase } from '../test/helpers/wait.js'
 
@@ -107,14 +108,29 @@ export function buildService (): void {
   if (build.status !== 0) throw new Error('npm run build failed')
 }
 
-/** Database `name` beside the admin URL's, made anew with the demo fixture (migrated, then loaded); its URL. */
-export async function demoDatabase (name: string): Promise<string> {
+/** Database `name` beside the admin URL's, made anew and empty (a bench's own, dropped first if a run left it); its URL. */
+export async function emptyDatabase (name: string): Promise<string> {
   const admin = new pg.Client({ connectionString: adminUrl() })
   await admin.connect()
-  await admin.query(`drop database if exists ${name} with (force)`)
-  await admin.query(`create database ${name}`)
-  await admin.end()
-  const databaseUrl = withDatabase(adminUrl(), name)
+  try {
+    await admin.query(`drop database if exists ${name} with (force)`)
+    await admin.query(`create database ${name}`)
+  } finally {
+    await admin.end()
+  }
+  return withDatabase(adminUrl(), name)
+}
+
+/** emptyDatabase, migrated; its URL. */
+export async function migratedDatabase (name: string): Promise<string> {
+  const url = await emptyDatabase(name)
+  await migrateToLatest(url)
+  return url
+}
+
+/** emptyDatabase with the demo fixture (migrated, then loaded); its URL. */
+export async function demoDatabase (name: string): Promise<string> {
+  const databaseUrl = await emptyDatabase(name)
   await seed(databaseUrl, join(root, 'fixtures/demo.json'))
   return databaseUrl
 }

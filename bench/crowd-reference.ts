@@ -30,8 +30,7 @@ import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl as serverUrl, freePort, root, sleep, withDatabase } from './common.js'
+import { adminUrl as serverUrl, freePort, migratedDatabase, root, sleep, withDatabase } from './common.js'
 import { startFlags } from './probe.js'
 
 const { values: args } = parseArgs({
@@ -107,12 +106,7 @@ async function reference (): Promise<Server> {
 }
 
 async function service (): Promise<Server> {
-  const admin = new pg.Client({ connectionString: adminUrl })
-  await admin.connect()
-  await admin.query(`drop database if exists ${DATABASE} with (force)`)
-  await admin.query(`create database ${DATABASE}`)
-  await admin.end()
-  await migrateToLatest(databaseUrl)
+  await migratedDatabase(DATABASE)
   const writer = new pg.Client({ connectionString: databaseUrl })
   await writer.connect()
   await writer.query(`insert into runs (run_id, goal, summary, status) values ($1, 'crowd', '', 'running')`, [RUN])

@@ -15,25 +15,15 @@ import { performance } from 'node:perf_hooks'
 import pg from 'pg'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
-import { migrateToLatest } from '../db/migrate.js'
 import { EventSource } from 'eventsource'
-import { adminUrl, gitDescription, sleep, withDatabase } from './common.js'
+import { gitDescription, migratedDatabase, sleep } from './common.js'
 
 const { values: args } = parseArgs({ options: { rounds: { type: 'string', default: '30' }, quick: { type: 'boolean', default: false } } })
 const rounds = args.quick ? 3 : Number(args.rounds)
 const DATABASE = 'ocp_bench_holes'
 const BACKGROUND_WRITERS = 8
 
-async function admin (text: string) {
-  const client = new pg.Client({ connectionString: adminUrl() })
-  await client.connect()
-  try { await client.query(text) } finally { await client.end() }
-}
-
-await admin(`drop database if exists ${DATABASE} with (force)`)
-await admin(`create database ${DATABASE}`)
-const url = withDatabase(adminUrl(), DATABASE)
-await migrateToLatest(url)
+const url = await migratedDatabase(DATABASE)
 const app = await buildApp(loadConfig({ DATABASE_URL: url, LOG_LEVEL: 'silent', MAX_EVENT_LOOP_DELAY_MS: '0', MIGRATE_ON_START: 'false' }))
 await app.listen({ port: 0, host: '127.0.0.1' })
 const base = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`

@@ -22,8 +22,7 @@ import { performance } from 'node:perf_hooks'
 import pg from 'pg'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
-import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl, formatInt, gitDescription, median, sleep, withDatabase } from './common.js'
+import { formatInt, gitDescription, median, migratedDatabase, sleep } from './common.js'
 
 const { values: args } = parseArgs({
   options: {
@@ -50,10 +49,7 @@ async function query (url: string, text: string, values: unknown[] = []) {
 
 /** A database holding `events` events with holes, migrated; returns its URL and the top id. */
 async function history (name: string, events: number): Promise<{ url: string, top: number }> {
-  await query(adminUrl(), `drop database if exists ${name} with (force)`)
-  await query(adminUrl(), `create database ${name}`)
-  const url = withDatabase(adminUrl(), name)
-  await migrateToLatest(url)
+  const url = await migratedDatabase(name)
   const started = performance.now()
   const half = Math.floor(events / 2)
   // Every 1,000th id a hole; past the first half, the ids jump as a closed range makes them.

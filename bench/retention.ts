@@ -26,22 +26,14 @@ import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { closeRange, dropRange, listPartitions, sequencePosition } from '../events/upkeep/partitions.js'
-import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl, formatInt, withDatabase } from './common.js'
+import { adminUrl, formatInt, migratedDatabase } from './common.js'
 
 const { values: args } = parseArgs({ options: { quick: { type: 'boolean', default: false } } })
 const EVENTS = args.quick ? 20_000 : 1_000_000
 const BATCH = 100_000
 
 async function freshDatabase (name: string): Promise<pg.Client> {
-  const admin = new pg.Client({ connectionString: adminUrl() })
-  await admin.connect()
-  await admin.query(`drop database if exists ${name} with (force)`)
-  await admin.query(`create database ${name}`)
-  await admin.end()
-  const url = withDatabase(adminUrl(), name)
-  await migrateToLatest(url)
-  const client = new pg.Client({ connectionString: url })
+  const client = new pg.Client({ connectionString: await migratedDatabase(name) })
   await client.connect()
   return client
 }

@@ -22,8 +22,7 @@ import { performance } from 'node:perf_hooks'
 import pg from 'pg'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
-import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl, gitDescription, sleep, withDatabase } from './common.js'
+import { gitDescription, migratedDatabase, sleep } from './common.js'
 
 const { values: args } = parseArgs({
   options: {
@@ -49,13 +48,7 @@ if (args.url !== undefined) {
   url = args.database
   base = args.url
 } else {
-  const admin = new pg.Client({ connectionString: adminUrl() })
-  await admin.connect()
-  await admin.query(`drop database if exists ${DATABASE} with (force)`)
-  await admin.query(`create database ${DATABASE}`)
-  await admin.end()
-  url = withDatabase(adminUrl(), DATABASE)
-  await migrateToLatest(url)
+  url = await migratedDatabase(DATABASE)
   const app = await buildApp(loadConfig({ DATABASE_URL: url, LOG_LEVEL: 'silent', MIGRATE_ON_START: 'false' }))
   await app.listen({ port: 0, host: '127.0.0.1' })
   base = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
