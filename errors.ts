@@ -54,6 +54,7 @@ export const identityProviderUnavailable = (issuer: string) => new ApiError('una
 export const notFound = (what: string) => new ApiError('not_found', `${what} not found`)
 /** Load shedding (plugins/external/under-pressure.ts), and any 503 from the framework. */
 export const overloaded = new ApiError('unavailable', 'the service is overloaded, try again shortly')
+export const shuttingDown = new ApiError('unavailable', 'the service is shutting down, retry on another instance')
 export const badRequest = (message: string) => new ApiError('bad_request', message)
 
 /**

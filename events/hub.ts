@@ -172,6 +172,8 @@ export class EventHub {
     if (set === undefined) index.set(key, set = new Set())
     set.add(listener)
     if (listener.settled !== undefined) this.#settling.add(listener)
+    // A request already in flight when the hub stopped: closed at once, like those the stop closed.
+    if (this.#stopped) listener.close()
   }
 
   /** Stops handing `listener` events (once, after its listen). */
@@ -188,6 +190,11 @@ export class EventHub {
     for (const index of [this.#unfiltered, this.#byRun, this.#byThread]) {
       for (const set of index.values()) yield * set
     }
+  }
+
+  /** Whether stop() was called: the process is shutting down. */
+  get stopped (): boolean {
+    return this.#stopped
   }
 
   /** The highest event id handed to listeners (undefined before the first read). */

@@ -19,6 +19,9 @@ export { listEvents, streamSubjectExists, type EventFilter, type LogState, type 
 export { assertEventCursorKept } from './reader.js'
 export type { StreamStart } from './sse/streams.js'
 
+/** How long a shutdown waits for ended streams' last bytes to leave: a client taking none is cut after it. */
+const STREAMS_FLUSH_MS = 1000
+
 export interface EventLogOptions {
   /** How often the hub polls (EVENTS_POLL_INTERVAL_MS), and while the wake-up is live (EVENTS_WAKEUP_POLL_INTERVAL_MS). */
   pollIntervalMs: number
@@ -100,10 +103,18 @@ export class EventLog {
     this.upkeep?.start()
   }
 
-  /** Ends every stream and long-poll (their clients reconnect, elsewhere), stops polling and the wake-up. */
+  /**
+   * Stops the wake-up, then polling, and ends every stream and long-poll
+   * (their clients reconnect, elsewhere); resolves once the streams' last
+   * bytes have left, or after STREAMS_FLUSH_MS. Ended last, with nothing awaited
+   * after but the flush: the server stops listening right after this
+   * (Fastify's preClose), before a reconnect can reach it, and closes the
+   * connections it finds idle, which would cut a stream's unsent end.
+   */
   async stopReading (): Promise<void> {
-    this.hub.stop()
     await this.wakeup?.stop()
+    this.hub.stop()
+    await this.streams.flushed(STREAMS_FLUSH_MS)
   }
 
   /** Stops the upkeep (another replica takes it over). */

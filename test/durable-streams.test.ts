@@ -13,7 +13,7 @@ import type { StoredEvent } from '../events/log.js'
 import { serve as serveApp } from './helpers/app.js'
 import { needsServer, testDatabaseUrl } from './helpers/database.js'
 import { sql } from 'kysely'
-import { insertGraph, makeAttempt, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
+import { insertGraph, lockTable, makeAttempt, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
 import { insertEvents, makeEvent } from './helpers/sse.js'
 import { sleep, waitUntil } from './helpers/wait.js'
 
@@ -477,6 +477,26 @@ t.test('raw: long-poll from -1 on an empty stream waits, then gets the first eve
   const answer = await parked
   t.equal(answer.status, 204, 'a waiter is answered when the service stops')
   t.ok(Date.now() - started < 4000, 'without waiting for its timeout')
+})
+
+t.test('raw: an SSE read and a long-poll still opening when the shutdown begins are answered at once (a retry, nothing new), never left open', async (t) => {
+  const { app, url } = await serve(t, { STREAMS_LONG_POLL_MS: 5000 })
+  await app.events.ready()
+  // Both requests' existence check is held (the runs table locked) across the start of the shutdown: they open on a stopped event log.
+  const unlock = await lockTable('runs')
+  const started = Date.now()
+  const sse = fetch(`${url}/api/streams/runs/ds-b?offset=now&live=sse`).then(async (response) => ({ status: response.status, body: await response.text() }))
+  const longPoll = fetch(`${url}/api/streams/runs/ds-b?offset=now&live=long-poll`)
+  await sleep(100)
+  const closed = app.close()
+  await sleep(100)
+  await unlock()
+  const answer = await sse
+  t.equal(answer.status, 200)
+  t.match(answer.body, /^retry: \d+\n: unavailable: the service is shutting down, retry on another instance\n\n$/, 'the SSE read: a retry, elsewhere')
+  t.equal((await longPoll).status, 204, 'the long-poll: nothing new, without waiting for its timeout')
+  await closed
+  t.ok(Date.now() - started < 4000, 'the close waited on neither')
 })
 
 t.test('raw: an SSE read refused at SSE_MAX_STREAMS is a retry, as on the event stream', async (t) => {

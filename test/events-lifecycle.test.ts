@@ -6,7 +6,7 @@ import { build, serve as serveApp } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
 import { insertGraph, json, lockTable, makeRun, makeThread } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
-import { waitUntil } from './helpers/wait.js'
+import { sleep, waitUntil } from './helpers/wait.js'
 import { needsServer } from './helpers/database.js'
 
 // On the embedded database a table lock (one session, one backend) holds up every
@@ -85,6 +85,71 @@ t.test('shutdown ends every open stream cleanly', async (t) => {
   await Promise.all(streams.map((stream) => stream.ended))
   t.ok(Date.now() - started < 3000, 'close did not wait on the streams')
   t.equal(app.events.streams.size, 0)
+})
+
+t.test('shutdown: a stream\'s end reaches its client whole, once the port is closed, so that its reconnect goes elsewhere', async (t) => {
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20 })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  // A wake-up slow to stop (its connection's end is a round trip to the database, longer under load).
+  Object.assign(app.events, { wakeup: { stop: () => sleep(200) } })
+  const socket = connect({ port, host: '127.0.0.1' })
+  let received = ''
+  let listeningAtEnd: boolean | undefined
+  // What a client reconnecting the moment its stream ends finds: this replica's port refusing it, not a 503 or a reset.
+  const reconnect = new Promise<string>((resolve) => {
+    socket.on('data', (chunk) => {
+      received += chunk.toString()
+      if (!received.endsWith('\r\n0\r\n\r\n')) return
+      listeningAtEnd = app.server.listening
+      const again = connect({ port, host: '127.0.0.1' })
+      again.on('connect', () => { again.destroy(); resolve('accepted') })
+      again.on('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? err.message))
+    })
+  })
+  const closed = new Promise((resolve) => socket.on('close', resolve))
+  socket.write('GET /api/events/stream HTTP/1.1\r\nHost: x\r\n\r\n')
+  await waitUntil(() => app.events.streams.size === 1 && received.includes('retry:'), 'the stream open')
+  await app.close()
+  t.equal(await reconnect, 'ECONNREFUSED')
+  t.equal(listeningAtEnd, false, 'the port was closed when the end arrived')
+  await closed
+  t.match(received, /\r\n0\r\n\r\n$/, 'the body ended with its last chunk')
+})
+
+t.test('shutdown: a slow client still gets its stream\'s end whole; one that takes nothing does not hold the close past its bound', async (t) => {
+  const { app, port } = await serve(t, { SSE_MAX_BUFFERED_BYTES: 256 * 1024 * 1024, SSE_SLOW_CLIENT_TIMEOUT_MS: 60_000 })
+  const [base] = await insertEvents({ event_type: 'base' })
+  /** A raw socket that sends its request and reads nothing until told to. */
+  const client = () => {
+    const socket = connect({ port, host: '127.0.0.1' })
+    socket.on('error', () => {})
+    socket.pause()
+    let received = ''
+    socket.on('data', (chunk) => { received += chunk.toString() })
+    const closed = new Promise<void>((resolve) => socket.on('close', () => resolve()))
+    socket.write(`GET /api/events/stream?run_id=run-shut&after_event_id=${base} HTTP/1.1\r\nHost: x\r\n\r\n`)
+    return { socket, closed, received: () => received }
+  }
+  const [slow, gone] = [client(), client()]
+  await waitUntil(() => app.events.streams.size === 2, 'both streams open')
+  // Enough that both have bytes waiting in this process, past what the sockets' buffers hold.
+  const big = json({ blob: 'x'.repeat(100_000) })
+  for (let batch = 0; batch < 60 && app.events.streams.bufferedBytes < 4 * 1024 * 1024; batch++) {
+    await insertEvents(...Array.from({ length: 10 }, () => ({ run_id: 'run-shut', payload: big })))
+    await sleep(50)
+  }
+  t.ok(app.events.streams.bufferedBytes > 0, 'bytes wait for both clients')
+  const closing = app.close()
+  await sleep(300)
+  slow.socket.resume()
+  await slow.closed
+  t.match(slow.received(), /\r\n0\r\n\r\n$/, 'the client that read on got every byte, to its last chunk')
+  await closing
+  t.pass('the close did not wait on the client that took nothing')
+  gone.socket.resume()
+  await gone.closed
+  t.notMatch(gone.received(), /\r\n0\r\n\r\n$/, 'that one was cut')
 })
 
 t.test('a database outage at connect: the stream answers a retry (the JSON page 503), and registers nothing', async (t) => {

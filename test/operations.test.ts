@@ -2,7 +2,7 @@ import { connect } from 'node:net'
 import { brotliDecompressSync, gunzipSync } from 'node:zlib'
 import t from 'tap'
 import { buildApp } from '../app.js'
-import { build, testConfig } from './helpers/app.js'
+import { build, holdClose, keptAliveConnection, testConfig } from './helpers/app.js'
 import { insertGraph, lockTable, makeRun, makeTask } from './helpers/fixtures.js'
 import { openStream } from './helpers/sse.js'
 
@@ -258,13 +258,14 @@ t.test('load shedding: a slow start is not load (the first requests after it are
   t.ok(servedUnderStartDelay, 'served while the sampled delay was the start\'s')
 })
 
-t.test('shutdown: streams end, in-flight requests finish, late requests get the envelope', async (t) => {
+t.test('shutdown: late requests get the envelope, streams end, in-flight requests finish and their connections close', async (t) => {
   const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 20, DB_STATEMENT_TIMEOUT_MS: 10_000 })
   await app.listen({ port: 0, host: '127.0.0.1' })
   const { port } = app.server.address() as { port: number }
-  const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream')
-  // A keep-alive connection with a request held in flight (by a lock) across
-  // the start of the shutdown, and a second request sent on it meanwhile.
+  const url = `http://127.0.0.1:${port}`
+  const stream = await openStream(url, '/api/events/stream')
+  const kept = await keptAliveConnection(url)
+  // A request held in flight (by a lock) across the start of the shutdown, on a keep-alive connection.
   const release = await lockTable('runs')
   const socket = connect({ port, host: '127.0.0.1' })
   let received = ''
@@ -272,18 +273,20 @@ t.test('shutdown: streams end, in-flight requests finish, late requests get the 
   const socketClosed = new Promise((resolve) => socket.on('close', resolve))
   socket.write('GET /api/runs/run-ops-0 HTTP/1.1\r\nHost: x\r\n\r\n')
   await new Promise((resolve) => setTimeout(resolve, 100))
+  const hold = holdClose(app)
   const closing = app.close()
+  await hold.entered
+  const late = await kept.late('/api/runs')
+  t.equal(late.statusCode, 503, 'a late request on a kept-alive connection was refused')
+  t.equal(late.headers.connection, 'close')
+  t.equal(late.body, '{"error":{"code":"unavailable","message":"the service is shutting down, retry on another instance"}}')
+  hold.release()
   await stream.ended
   t.pass('the open stream was ended')
-  socket.write('GET /api/runs HTTP/1.1\r\nHost: x\r\n\r\n')
-  await new Promise((resolve) => setTimeout(resolve, 50))
   await release()
   await socketClosed
   await closing
-  const [first, second] = received.split(/(?=HTTP\/1\.1 )/)
-  t.match(first, /^HTTP\/1\.1 200 /, 'the in-flight request finished normally')
-  t.match(first, /"run_id": "run-ops-0"/)
-  t.match(second, /^HTTP\/1\.1 503 /, 'the late request was refused')
-  t.match(second, /connection: close/i)
-  t.match(second, /\{"error":\{"code":"unavailable","message":"the service is shutting down, retry on another instance"\}\}$/)
+  t.match(received, /^HTTP\/1\.1 200 /, 'the in-flight request finished normally')
+  t.match(received, /\r\nconnection: close\r\n/i, 'its connection closed after it, so the close waits for no client')
+  t.match(received, /"run_id": "run-ops-0"/)
 })

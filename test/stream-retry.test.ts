@@ -1,14 +1,12 @@
 import { EventSource, type FetchLike } from 'eventsource'
 import type { FastifyInstance } from 'fastify'
 import { existsSync } from 'node:fs'
-import { connect } from 'node:net'
 import pg from 'pg'
 import { chromium } from 'playwright-core'
 import t, { type Test } from 'tap'
 import { migrateToLatest } from '../db/migrate.js'
-import { build } from './helpers/app.js'
+import { build, holdClose, keptAliveConnection, type RawAnswer } from './helpers/app.js'
 import { ownCluster } from './helpers/cluster.js'
-import { lockTable } from './helpers/fixtures.js'
 import { insertEvents } from './helpers/sse.js'
 import { sleep, waitUntil } from './helpers/wait.js'
 
@@ -35,42 +33,7 @@ function subscribe (t: Test, url: string, fetch?: FetchLike) {
   return { source, ids }
 }
 
-/** The refusal as a client sees it: 200, an event stream, a retry and a comment saying why. */
-interface Answer { statusCode: number, headers: Record<string, string>, body: string }
-
-/**
- * A keep-alive connection to the app at `url`, with a read held in flight
- * (the runs table locked) so that it outlives the start of a shutdown: a
- * fresh connection to a closing server is refused by the OS, but a request
- * arriving on this one reaches the closing app.
- */
-async function heldConnection (url: string) {
-  const unlock = await lockTable('runs')
-  const socket = connect({ port: Number(new URL(url).port), host: '127.0.0.1' })
-  let received = ''
-  socket.on('data', (chunk) => { received += chunk.toString() })
-  const closed = new Promise((resolve) => socket.on('close', resolve))
-  socket.write('GET /api/runs HTTP/1.1\r\nHost: x\r\n\r\n')
-  await sleep(100)
-  return {
-    release: unlock,
-    /** Sends a request on the connection; its answer, once the connection closes. */
-    async late (path: string, headers: Record<string, string> = {}): Promise<Answer> {
-      socket.write(`GET ${path} HTTP/1.1\r\nHost: x\r\n${Object.entries(headers).map(([name, value]) => `${name}: ${value}\r\n`).join('')}\r\n`)
-      await closed
-      const second = received.split(/(?=HTTP\/1\.1 )/)[1]!
-      const [head, body] = [second.slice(0, second.indexOf('\r\n\r\n')), second.slice(second.indexOf('\r\n\r\n') + 4)]
-      const [status, ...lines] = head.split('\r\n')
-      return {
-        statusCode: Number(status!.split(' ')[1]),
-        headers: Object.fromEntries(lines.map((line) => [line.slice(0, line.indexOf(':')).toLowerCase(), line.slice(line.indexOf(':') + 1).trim()])),
-        body
-      }
-    }
-  }
-}
-
-function assertRetryAnswer (t: Test, res: Answer | { statusCode: number, headers: Record<string, unknown>, body: string }, retryMs: number, why: RegExp) {
+function assertRetryAnswer (t: Test, res: RawAnswer | { statusCode: number, headers: Record<string, unknown>, body: string }, retryMs: number, why: RegExp) {
   t.equal(res.statusCode, 200)
   t.match(res.headers['content-type'], /^text\/event-stream/)
   t.equal(res.headers['cache-control'], 'no-cache')
@@ -87,15 +50,16 @@ t.test('the refusal on the wire: the stream limit, the database down, shutting d
   t.equal((await down.inject('/api/events/stream?after_event_id=x')).statusCode, 400, 'what retrying cannot fix stays a 400')
   t.equal(down.events.streams.size, 0)
 
-  // A connection made before the shutdown, on which a request arrives while it closes.
-  const closing = await build(t, { SSE_RETRY_MS: RETRY_MS, DB_STATEMENT_TIMEOUT_MS: 10_000 })
-  const held = await heldConnection(await listen(closing))
+  // A connection kept alive from before the shutdown, on which a request arrives while it closes.
+  const closing = await build(t, { SSE_RETRY_MS: RETRY_MS })
+  const kept = await keptAliveConnection(await listen(closing))
+  const hold = holdClose(closing)
   const closed = closing.close()
-  const stream = held.late('/api/events/stream')
-  await sleep(50)
-  await held.release()
-  assertRetryAnswer(t, await stream, RETRY_MS, /the service is shutting down/)
-  t.equal((await stream).headers.connection, 'close', 'and the connection closes, so the client goes elsewhere')
+  await hold.entered
+  const stream = await kept.late('/api/events/stream')
+  assertRetryAnswer(t, stream, RETRY_MS, /the service is shutting down/)
+  t.equal(stream.headers.connection, 'close', 'and the connection closes, so the client goes elsewhere')
+  hold.release()
   await closed
 })
 
@@ -171,21 +135,18 @@ t.test('a database outage: EventSources that (re)connect while it is down resume
 })
 
 t.test('shutdown: a reconnect refused by the closing replica is retried and resumes on another', async (t) => {
-  const config = { SSE_RETRY_MS: RETRY_MS, EVENTS_POLL_INTERVAL_MS: 20, DB_STATEMENT_TIMEOUT_MS: 10_000 }
+  const config = { SSE_RETRY_MS: RETRY_MS, EVENTS_POLL_INTERVAL_MS: 20 }
   const closing = await build(t, config)
   const other = await build(t, config)
   const [urlClosing, urlOther] = [await listen(closing), await listen(other)]
-  // The balancer sends to the closing replica until it refused once, then to the other.
+  // The balancer sends to the closing replica, on a connection kept alive from before, until it refused once; then to the other.
   let state: 'up' | 'closing' | 'gone' = 'up'
-  let held: Awaited<ReturnType<typeof heldConnection>> | undefined
+  let kept: Awaited<ReturnType<typeof keptAliveConnection>> | undefined
   const answers: string[] = []
   const balanced: FetchLike = async (url, init) => {
     if (state === 'closing') {
       state = 'gone'
-      const answer = held!.late(String(url).slice(urlClosing.length), init?.headers as Record<string, string>)
-      await sleep(50)
-      await held!.release()
-      const res = await answer
+      const res = await kept!.late(String(url).slice(urlClosing.length), init?.headers as Record<string, string>)
       answers.push(`closing ${res.statusCode} ${res.headers['content-type']}`)
       return new Response(res.body, { status: res.statusCode, headers: res.headers })
     }
@@ -197,13 +158,18 @@ t.test('shutdown: a reconnect refused by the closing replica is retried and resu
   const before = await insertEvents({ event_type: 'a' }, { event_type: 'b' })
   await waitUntil(() => client.ids.length === 2, 'the events before the shutdown')
 
-  held = await heldConnection(urlClosing)
+  kept = await keptAliveConnection(urlClosing)
+  const hold = holdClose(closing)
+  const closed = closing.close()
+  await hold.entered
   state = 'closing'
-  const closed = closing.close() // ends the stream: its client reconnects, to the closing replica first
+  // The stream ends while the replica closes (here, before the close ends it): its client reconnects, to the closing replica first.
+  closing.events.streams.endAll()
   const during = await insertEvents({ event_type: 'c' })
   await waitUntil(() => client.ids.length === 3, 'the stream resumed on the other replica')
   t.same(answers, ['up', 'closing 200 text/event-stream', 'other'], 'refused by the closing replica with a retry, then served by the other')
   t.same(client.ids, [...before, ...during], 'nothing lost or repeated')
+  hold.release()
   await closed
 })
 

@@ -1,6 +1,6 @@
 import type { FastifyBaseLogger, FastifyReply } from 'fastify'
 import type { Db } from '../../db/schema.js'
-import { ApiError } from '../../errors.js'
+import { ApiError, shuttingDown } from '../../errors.js'
 import type { EventHub } from '../hub.js'
 import { settledNow, type EventFilter, type StoredEvent } from '../log.js'
 import { CATCH_UP_PAGE_SIZE, type EventReader } from '../reader.js'
@@ -112,6 +112,8 @@ export class EventStreams {
           firstPage = await reader.readAfter(start.afterId, filter, start.name, head())
         }
       }
+      // The hub stopped while this read (its stop left the stream to this check): the client retries, elsewhere.
+      if (hub.stopped) throw shuttingDown
     } catch (err) {
       this.#unsubscribe(subscriber)
       throw err // before any byte is sent: the client gets the 410 envelope, or a retry (plugins/app/errors.ts)
@@ -132,6 +134,22 @@ export class EventStreams {
   /** Heartbeats for the streams that have been quiet for keepAliveMs (after each of the hub's ticks). */
   sweep (now: number, head: number): void {
     for (const subscriber of this.#subscribers) subscriber.heartbeat(now, head, this.options.keepAliveMs)
+  }
+
+  /**
+   * Resolves once every ended stream's response has finished (its last
+   * bytes handed to the socket) or closed, or after `maxMs` (a client that
+   * takes no bytes).
+   */
+  flushed (maxMs: number): Promise<void> {
+    const pending = [...this.#subscribers].map((subscriber) => subscriber.response).filter((response) => response.writableEnded && !response.writableFinished && !response.destroyed)
+    if (pending.length === 0) return Promise.resolve()
+    return new Promise((resolve) => {
+      let left = pending.length
+      const timer = setTimeout(resolve, maxMs)
+      const done = () => { if (--left === 0) { clearTimeout(timer); resolve() } }
+      for (const response of pending) response.once('close', done)
+    })
   }
 
   /** Ends every open stream cleanly; their clients reconnect and resume from their last id. */

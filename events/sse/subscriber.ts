@@ -217,9 +217,13 @@ export class Subscriber implements Listener {
     if (!this.closed) this.response.end()
   }
 
-  /** The hub stops: the stream ends, and its client resumes from its last id. */
+  /**
+   * The hub stops: the stream ends, and its client resumes from its last
+   * id. One still opening (no byte sent yet) is left to its open, which
+   * answers it as a retry (EventStreams.open).
+   */
   close (): void {
-    this.end()
+    if (this.response.headersSent) this.end()
   }
 
   /** A new epoch began at `base`: a stream past it ends; its client's reconnect learns (410) to refetch. */

@@ -14,9 +14,8 @@ declare module 'fastify' {
  * The event log (events/) as the application uses it: @fastify/sse for a
  * stream's connection (headers, Last-Event-ID, freeing a client the moment
  * its response closes), the log started when the server is ready, its
- * streams ended before the server stops accepting (so that clients
- * reconnect elsewhere and the close does not wait on them), its upkeep
- * stopped last. The wake-up runs unless EVENTS_WAKEUP=off or on the
+ * streams ended as the server stops accepting (so that clients reconnect
+ * elsewhere and the close does not wait on them), its upkeep stopped last. The wake-up runs unless EVENTS_WAKEUP=off or on the
  * embedded database (which only polls); the upkeep where this service may
  * write (plugins/app/db.ts says where).
  */
@@ -46,4 +45,4 @@ export default fp(async function eventsPlugin (app) {
   app.addHook('onReady', async () => { events.start() })
   app.addHook('preClose', async () => { await events.stopReading() })
   app.addHook('onClose', async () => { await events.stopUpkeep() })
-}, { name: 'events', dependencies: ['db'] })
+}, { name: 'events', dependencies: ['db', 'shutdown'] })
