@@ -3,7 +3,7 @@ import type { Page } from 'playwright-core'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
 import { build } from './helpers/app.js'
-import { assertNoProblems, openPage, screenshot } from './helpers/browser.js'
+import { assertNoProblems, openPage, screenshot, SERVICE_RESTART } from './helpers/browser.js'
 import { startIssuer } from './helpers/issuer.js'
 import { insertGraph, makeRun, makeTask, writer } from './helpers/fixtures.js'
 
@@ -134,7 +134,7 @@ t.test('static tokens: the form; a wrong token refused, saying so; the right one
 
 t.test('a token refused mid-session (the service no longer takes it): back to the form, saying why', async (t) => {
   const first = await serve(t, { API_TOKENS: TOKEN })
-  const page = await openPage(t, `${first.url}/`, { readySelector: FORM, expectedConsole: [REFUSED, /ERR_CONNECTION_REFUSED/] })
+  const page = await openPage(t, `${first.url}/`, { readySelector: FORM, expectedConsole: [REFUSED, SERVICE_RESTART] })
   await signInWith(page, TOKEN)
   await page.locator('tr[data-run="run-ua"]').waitFor()
   // The service restarts with other tokens on the same port: the page's next requests are refused.

@@ -29,6 +29,14 @@ export interface OpenPageOptions {
   expectedConsole?: RegExp[]
 }
 
+/**
+ * What a browser logs of the requests a page makes across a service's
+ * restart, each retried by the page: refused while nothing listens, and
+ * reset when sent on a kept-alive connection just as the old service closes
+ * it (idle, as far as the service knew: a race of HTTP keep-alive itself).
+ */
+export const SERVICE_RESTART = /Failed to load resource: net::ERR_CONNECTION_(REFUSED|RESET)/
+
 /** Opens `url` in a new page and waits until it is ready (by default, until it says it is live). */
 export async function openPage (t: Test, url: string, options: OpenPageOptions = {}): Promise<Page> {
   if (!existsSync(CHROMIUM)) throw new Error(`chromium not found at ${CHROMIUM}: apt-get install chromium (or set CHROMIUM_BIN)`)
