@@ -1,5 +1,5 @@
 import { request as httpRequest } from 'node:http'
-import { connect } from 'node:net'
+import { connect, type Socket } from 'node:net'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
 import { build, serve as serveApp } from './helpers/app.js'
@@ -150,6 +150,19 @@ t.test('shutdown: a slow client still gets its stream\'s end whole; one that tak
   gone.socket.resume()
   await gone.closed
   t.notMatch(gone.received(), /\r\n0\r\n\r\n$/, 'that one was cut')
+})
+
+t.test('a stream\'s connection has no idle timeout (its keep-alives come sooner), which every write would refresh; a plain request\'s has', async (t) => {
+  const { app, url } = await serve(t, { CONNECTION_TIMEOUT_MS: 60_000 })
+  const sockets: Socket[] = []
+  app.server.on('connection', (socket: Socket) => sockets.push(socket))
+  const stream = await openStream(url, '/api/events/stream')
+  t.teardown(stream.close)
+  await waitUntil(() => app.events.streams.size === 1, 'the stream open')
+  const plain = connect({ port: Number(new URL(url).port), host: '127.0.0.1' })
+  t.teardown(() => plain.destroy())
+  await waitUntil(() => sockets.length === 2, 'both connections')
+  t.same(sockets.map((socket) => socket.timeout), [0, 60_000])
 })
 
 t.test('a database outage at connect: the stream answers a retry (the JSON page 503), and registers nothing', async (t) => {

@@ -13,13 +13,10 @@ class FakeResponse {
   writableEnded = false
   destroyed = false
   listeners = new Map<string, Set<() => void>>()
-  /** The callbacks of writes not yet gone to the kernel. */
-  unflushed: Array<() => void> = []
-  write (text: string, flushed: () => void) { this.written.push(text); this.unflushed.push(flushed); return true }
-  /** The kernel takes the oldest write queued, `bytes` long: its callback runs. */
-  flushOne (bytes: number) {
-    this.writableLength -= bytes
-    this.unflushed.shift()!()
+  write (text: string) { this.written.push(text); return true }
+  /** A client that takes nothing: each write is queued, past the bound (1000 bytes here), and asks to wait. */
+  stall () {
+    this.write = (text: string) => { this.written.push(text); this.writableLength += 5000; return false }
   }
   end () { this.writableEnded = true; this.emit('close') }
   destroy () { this.destroyed = true; this.emit('close') }
@@ -118,10 +115,11 @@ t.test('a live client over the bound falls behind, then catches up from the tabl
   t.notOk(instance.isLive, 'no longer live: nothing more is written')
   table.push(event(4), event(5))
   // No 'drain': the socket's high-water mark (64 KiB since Node 22) may lie above the bound.
-  response.flushOne(100)
+  response.writableLength = 4900
+  await new Promise((resolve) => setTimeout(resolve, 30))
   t.notOk(instance.isLive, 'still over the bound')
-  response.flushOne(4000)
-  await new Promise((resolve) => setTimeout(resolve, 10))
+  response.writableLength = 900
+  await new Promise((resolve) => setTimeout(resolve, 30))
   t.ok(instance.isLive)
   t.same(ids(response), [1, 2, 3, 4, 5])
 })
@@ -139,7 +137,7 @@ t.test('a client that does not drain in time is disconnected', async (t) => {
 t.test('a catch-up blocked on a client that never drains is cut off too', async (t) => {
   const table = [event(1), event(2)]
   const { instance, response, drops } = subscriber({ table })
-  response.write = (text: string) => { response.written.push(text); return false }
+  response.stall()
   await instance.catchUp()
   t.ok(response.destroyed)
   t.same(drops, ['the client is not reading'])
@@ -148,7 +146,7 @@ t.test('a catch-up blocked on a client that never drains is cut off too', async 
 
 t.test('the Durable Streams format: a catch-up batch blocked on a client that never drains is cut off too', async (t) => {
   const { instance, response, drops } = subscriber({ table: [event(1), event(2), event(3)] }, 0, {}, durableSseFormat(() => 3, () => 'c'))
-  response.write = (text: string) => { response.written.push(text); return false }
+  response.stall()
   await instance.catchUp()
   t.ok(response.destroyed)
   t.same(drops, ['the client is not reading'])
@@ -157,7 +155,7 @@ t.test('the Durable Streams format: a catch-up batch blocked on a client that ne
 
 t.test('a client gone while waiting for drain is not reported', async (t) => {
   const { instance, response, drops } = subscriber({ table: [event(1), event(2)] })
-  response.write = (text: string) => { response.written.push(text); return false }
+  response.stall()
   const pending = instance.catchUp()
   await new Promise((resolve) => setTimeout(resolve, 5)) // now waiting for 'drain'
   t.equal(response.written.length, 1)

@@ -121,6 +121,12 @@ export class EventStreams {
 
     if (!reply.sse.isConnected) return
     reply.sse.keepAlive()
+    // No idle timeout (CONNECTION_TIMEOUT_MS) on a stream's connection: a
+    // stream writes at least every SSE_KEEPALIVE_MS, below it, so it never
+    // fires, but every write would refresh its timer (the fan-out's every
+    // write); a client that stops reading is cut by the buffered-bytes bound.
+    // Node restores it if the connection serves another request.
+    reply.raw.socket?.setTimeout(0)
     reply.sse.sendHeaders()
     if (durable !== undefined) {
       // The protocol's SSE connections end now and then, so that a cache in front collapses the reconnects.

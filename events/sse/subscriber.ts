@@ -30,6 +30,9 @@ function chunkOf (text: string): Buffer {
 
 export const KEEP_ALIVE = ': keep-alive\n\n'
 
+/** How often a client that fell behind is looked at for room (see Subscriber's #drained). */
+const ROOM_CHECK_MS = 10
+
 /**
  * How a stream writes what it tells its client: an event, a position it
  * has reached without an event (a quiet filtered stream), and, optionally,
@@ -84,20 +87,8 @@ export class Subscriber implements Listener {
   #waiting: StoredEvent[] | undefined = []
   #waitingBytes = 0
   #overflowed = false
-  /** Set while waiting for the client to get back within maxBufferedBytes. */
-  #onRoom: (() => void) | undefined
   /** Set by the first write, which sends the response's headers with it. */
   #headersSent = false
-
-  /**
-   * Passed with every write: runs once that write has gone to the kernel.
-   * 'drain' alone is not enough: it comes only after a write past the
-   * socket's high-water mark (16 KiB before Node 22, 64 KiB since), which
-   * can lie above maxBufferedBytes.
-   */
-  readonly #flushed = () => {
-    if (this.#onRoom !== undefined && this.response.writableLength <= this.options.maxBufferedBytes) this.#onRoom()
-  }
 
   constructor (
     readonly response: ServerResponse,
@@ -207,9 +198,9 @@ export class Subscriber implements Listener {
     if (this.closed) return true
     this.lastWriteAt = Date.now()
     const socket = this.response.socket
-    if (this.#headersSent && this.response.chunkedEncoding && socket instanceof Socket) return socket.write(chunkOf(text), this.#flushed)
+    if (this.#headersSent && this.response.chunkedEncoding && socket instanceof Socket) return socket.write(chunkOf(text))
     this.#headersSent = true
-    return this.response.write(text, this.#flushed)
+    return this.response.write(text)
   }
 
   /** Ends the stream cleanly (shutdown): the client reconnects, elsewhere or later. */
@@ -274,14 +265,19 @@ export class Subscriber implements Listener {
 
   /**
    * Waits for the client to get back within maxBufferedBytes; false (and
-   * disconnected) if it does not within slowClientMs.
+   * disconnected) if it does not within slowClientMs. Looked at every
+   * ROOM_CHECK_MS: 'drain' comes only after a write past the socket's
+   * high-water mark (64 KiB since Node 22), which can lie above
+   * maxBufferedBytes, and a callback on every write (which would tell)
+   * costs every stream's every write a tick and its garbage, for the rare
+   * client that falls behind.
    */
   #drained (): Promise<boolean> {
     if (this.closed) return Promise.resolve(false)
     return new Promise((resolve) => {
       const finish = (drained: boolean) => {
+        clearInterval(check)
         clearTimeout(timer)
-        this.#onRoom = undefined
         this.response.off('close', onClose)
         if (!drained && !this.closed) {
           this.options.onDrop(this, 'the client is not reading')
@@ -290,8 +286,8 @@ export class Subscriber implements Listener {
         resolve(drained && !this.closed)
       }
       const onClose = () => finish(false)
+      const check = setInterval(() => { if (this.response.writableLength <= this.options.maxBufferedBytes) finish(true) }, ROOM_CHECK_MS)
       const timer = setTimeout(() => finish(false), this.options.slowClientMs)
-      this.#onRoom = () => finish(true)
       this.response.on('close', onClose)
     })
   }
