@@ -15,13 +15,24 @@
  *   service runs without --expose-gc), for figures labelled as forced.
  *
  * - On 'snapshot' only, a heap snapshot written to `path` (bench/heap-breakdown.ts).
+ * - With PROBE_ALLOC_PROFILE=DIR in the environment, what was allocated
+ *   from each 'reset' to the next 'report' (V8's sampling heap profiler,
+ *   collected objects included), written to DIR as a .heapprofile (Chrome
+ *   DevTools opens it): where a window's garbage comes from.
  *
  * Messages: { probe: 'reset' | 'report' | 'gc' | 'snapshot', path? }, each
  * answered with { probe, ... }. The channel does not keep the process alive.
  */
+import { writeFileSync } from 'node:fs'
+import { Session } from 'node:inspector'
 import { constants, monitorEventLoopDelay, PerformanceObserver, type PerformanceEntry } from 'node:perf_hooks'
 import { getHeapSpaceStatistics, setFlagsFromString, writeHeapSnapshot } from 'node:v8'
 import { runInNewContext } from 'node:vm'
+
+const allocDir = process.env.PROBE_ALLOC_PROFILE
+const session = allocDir === undefined ? undefined : new Session()
+session?.connect()
+const post = <T = unknown>(method: string, params?: object) => new Promise<T>((resolve, reject) => session!.post(method, params, (err, result) => err ? reject(err) : resolve(result as T)))
 
 const KINDS: Record<number, string> = {
   [constants.NODE_PERFORMANCE_GC_MINOR]: 'minor',
@@ -77,9 +88,11 @@ process.on('message', (message: { probe?: string, path?: string }) => {
       pauses = fresh()
       loopDelay.reset()
       cpuAtReset = process.cpuUsage()
+      if (session !== undefined) void post('HeapProfiler.startSampling', { samplingInterval: 8192, includeObjectsCollectedByMajorGC: true, includeObjectsCollectedByMinorGC: true })
       process.send?.({ probe: 'reset' })
       break
     case 'report':
+      if (session !== undefined) void post<{ profile: object }>('HeapProfiler.stopSampling').then(({ profile }) => writeFileSync(`${allocDir}/alloc-${Date.now()}.heapprofile`, JSON.stringify(profile))).catch(() => {})
       process.send?.({ probe: 'report', ...report() })
       break
     case 'gc':
