@@ -2,7 +2,7 @@ import { request as httpRequest } from 'node:http'
 import { connect, type Socket } from 'node:net'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
-import { build, serve as serveApp } from './helpers/app.js'
+import { build, holdClose, serve as serveApp } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
 import { insertGraph, json, lockTable, makeRun, makeThread } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
@@ -92,7 +92,7 @@ t.test('shutdown: a stream\'s end reaches its client whole, once the port is clo
   await app.listen({ port: 0, host: '127.0.0.1' })
   const { port } = app.server.address() as { port: number }
   // A wake-up slow to stop (its connection's end is a round trip to the database, longer under load).
-  Object.assign(app.events, { wakeup: { stop: () => sleep(200) } })
+  const hold = holdClose(app)
   const socket = connect({ port, host: '127.0.0.1' })
   let received = ''
   let listeningAtEnd: boolean | undefined
@@ -110,7 +110,11 @@ t.test('shutdown: a stream\'s end reaches its client whole, once the port is clo
   const closed = new Promise((resolve) => socket.on('close', resolve))
   socket.write('GET /api/events/stream HTTP/1.1\r\nHost: x\r\n\r\n')
   await waitUntil(() => app.events.streams.size === 1 && received.includes('retry:'), 'the stream open')
-  await app.close()
+  const closing = app.close()
+  await hold.entered
+  await sleep(200)
+  hold.release()
+  await closing
   t.equal(await reconnect, 'ECONNREFUSED')
   t.equal(listeningAtEnd, false, 'the port was closed when the end arrived')
   await closed

@@ -15,9 +15,10 @@ declare module 'fastify' {
  * stream's connection (headers, Last-Event-ID, freeing a client the moment
  * its response closes), the log started when the server is ready, its
  * streams ended as the server stops accepting (so that clients reconnect
- * elsewhere and the close does not wait on them), its upkeep stopped last. The wake-up runs unless EVENTS_WAKEUP=off or on the
- * embedded database (which only polls); the upkeep where this service may
- * write (plugins/app/db.ts says where).
+ * elsewhere and the close does not wait on them), its upkeep stopped last.
+ * The wake-up runs unless EVENTS_WAKEUP=off or on the embedded database
+ * (which only polls); the upkeep where this service may write
+ * (plugins/app/db.ts says where).
  */
 export default fp(async function eventsPlugin (app) {
   const { config } = app

@@ -12,15 +12,14 @@ import { shuttingDown } from '../../errors.js'
 export default fp(async function shutdownPlugin (app) {
   let closing = false
   app.addHook('preClose', async () => { closing = true })
-  app.addHook('onRequest', (_request, reply, done) => {
+  app.addHook('onRequest', (_request, _reply, done) => {
     if (!closing) { done(); return }
-    reply.header('connection', 'close')
     done(shuttingDown)
   })
-  // A request in flight when the close began answers with its connection
-  // closing: Node closes only the connections idle at that moment, and the
-  // close would otherwise wait for a keep-alive client to hang up (up to
-  // Fastify's keepAliveTimeout, 72 s).
+  // Every answer while closing (the refusal above, and that of a request in
+  // flight when the close began) closes its connection: Node closes only the
+  // connections idle at that moment, and the close would otherwise wait for
+  // a keep-alive client to hang up (up to Fastify's keepAliveTimeout, 72 s).
   app.addHook('onSend', (_request, reply, payload, done) => {
     if (closing) reply.header('connection', 'close')
     done(null, payload)
