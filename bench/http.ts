@@ -18,7 +18,9 @@
  * alternating rounds; then for each read, the same against it alternating
  * with pgbench -M prepared running its statement with as many clients
  * (alternating, so that a change of the machine's load meanwhile falls on
- * both sides of a ratio). Everything is warmed up first. Prints requests per
+ * both sides of a ratio); the run detail also against its statement
+ * without the event cursor, the body alone (bench/sql/run-detail-body.sql).
+ * Everything is warmed up first. Prints requests per
  * second, p50 and p99 latency, CPU per request, the ratio to getHealth of
  * this very process, the ratio to the statement alone in Postgres, and,
  * with both scales, the growth of p50 from small to large.
@@ -75,6 +77,8 @@ if (!scales.every(isScaleName) || !['wrk', 'autocannon'].includes(client) || !['
 
 // ---- what is measured -------------------------------------------------------
 
+interface FloorScript { file: string, variables: (targets: Targets) => Record<string, string> }
+
 interface Endpoint {
   key: string
   label: string
@@ -83,15 +87,18 @@ interface Endpoint {
   schema?: string
   /** Checks the body's size, beyond its schema: the same shape at every scale. */
   check?: (body: any) => string | undefined
-  /** The floor statement (bench/sql) and its variables. */
-  floor?: { file: string, variables: (targets: Targets) => Record<string, string> }
+  /** The floor statement (bench/sql) and its variables; bodyAlone, the same without the event cursor (also measured). */
+  floor?: FloorScript & { bodyAlone?: FloorScript }
   /** Whether the issue sets the database-floor target (0.5) for it. */
   floorTarget?: boolean
   /** A conditional GET of the endpoint with this key, sending its ETag in If-None-Match: measured in its rounds, answered 304. */
   revalidates?: string
 }
 
-const runDetailFloor = (run: keyof Targets) => ({ file: STATEMENTS.getRunDetail!.file, variables: (targets: Targets) => ({ ...STATEMENTS.getRunDetail!.variables(targets), run_id: targets[run] }) })
+const runDetailFloor = (run: keyof Targets) => {
+  const variables = (targets: Targets) => ({ ...STATEMENTS.getRunDetail!.variables(targets), run_id: targets[run] })
+  return { file: STATEMENTS.getRunDetail!.file, variables, bodyAlone: { file: STATEMENTS.getRunDetail!.bodyAlone!, variables } }
+}
 
 const ENDPOINTS: Endpoint[] = [
   { key: 'bare', label: 'bare node:http, same body as /health', path: () => '/health' },
@@ -382,7 +389,7 @@ function wireBytes (url: string, headers: Record<string, string> = {}): Promise<
   })
 }
 
-function pgbenchArgs (url: string, floor: NonNullable<Endpoint['floor']>, targets: Targets, duration: number): string[] {
+function pgbenchArgs (url: string, floor: FloorScript, targets: Targets, duration: number): string[] {
   const parsed = new URL(url)
   const variables = floor.variables(targets)
   return [
@@ -400,7 +407,7 @@ function pgbenchEnv (url: string): NodeJS.ProcessEnv {
 }
 
 /** pgbench -M prepared running the floor statement; latencies from its per-transaction log. */
-async function pgbenchRun (url: string, floor: NonNullable<Endpoint['floor']>, targets: Targets, duration: number): Promise<Sample> {
+async function pgbenchRun (url: string, floor: FloorScript, targets: Targets, duration: number): Promise<Sample> {
   const logDir = mkdtempSync(join(tmpdir(), 'ocp-bench-pgbench-'))
   try {
     const meter = cpuMeter()
@@ -432,7 +439,7 @@ async function pgbenchRun (url: string, floor: NonNullable<Endpoint['floor']>, t
 }
 
 /** The body the floor statement returns, run once through pg with its variables as parameters. */
-async function floorBody (url: string, floor: NonNullable<Endpoint['floor']>, targets: Targets): Promise<string> {
+async function floorBody (url: string, floor: FloorScript, targets: Targets): Promise<string> {
   const { text, values } = readFloorStatement(floor.file, floor.variables(targets))
   const client = new pg.Client({ connectionString: url })
   await client.connect()
@@ -452,6 +459,8 @@ interface Row {
   wire: number
   http: Measurement
   floor?: Measurement
+  /** pgbench of the floor statement without the event cursor. */
+  bodyAlone?: Measurement
 }
 
 async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Row[] }> {
@@ -522,8 +531,10 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
       }
       const problem = endpoint.check?.(body)
       if (problem !== undefined) throw new Error(`${endpoint.label}: ${problem}`)
-      if (endpoint.floor !== undefined && await floorBody(url, endpoint.floor, marker.targets) !== text) {
-        throw new Error(`${endpoint.label}: bench/sql/${endpoint.floor.file} does not return the body the service sends`)
+      for (const floor of [endpoint.floor, endpoint.floor?.bodyAlone]) {
+        if (floor !== undefined && await floorBody(url, floor, marker.targets) !== text) {
+          throw new Error(`${endpoint.label}: bench/sql/${floor.file} does not return the body the service sends`)
+        }
       }
       bytes.set(endpoint.key, Buffer.byteLength(text))
     }
@@ -544,6 +555,8 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
       }
       const floor = endpoint.floor
       if (floor !== undefined) members.push({ key: `${endpoint.key} floor`, run: (duration: number) => pgbenchRun(url, floor, marker.targets, duration) })
+      const bodyAlone = floor?.bodyAlone
+      if (bodyAlone !== undefined) members.push({ key: `${endpoint.key} body alone`, run: (duration: number) => pgbenchRun(url, bodyAlone, marker.targets, duration) })
       groups.push(members)
     }
     const samples = new Map<string, Sample[]>()
@@ -553,15 +566,24 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
         for (const member of group) samples.set(member.key, [...(samples.get(member.key) ?? []), await member.run(roundSeconds)])
       }
       for (const member of group) {
-        if (member.key.endsWith(' floor')) continue
+        if (member.key.endsWith(' floor') || member.key.endsWith(' body alone')) continue
         const endpoint = measured.find((candidate) => candidate.key === member.key)!
         const http = combine(samples.get(member.key)!)
         const floorSamples = samples.get(`${member.key} floor`)
-        const row: Row = { endpoint, bytes: bytes.get(member.key)!, wire: wire.get(member.key)!, http, ...(floorSamples === undefined ? {} : { floor: combine(floorSamples) }) }
+        const bodyAloneSamples = samples.get(`${member.key} body alone`)
+        const row: Row = {
+          endpoint,
+          bytes: bytes.get(member.key)!,
+          wire: wire.get(member.key)!,
+          http,
+          ...(floorSamples === undefined ? {} : { floor: combine(floorSamples) }),
+          ...(bodyAloneSamples === undefined ? {} : { bodyAlone: combine(bodyAloneSamples) })
+        }
         rows.push(row)
-        const failures = http.failures + (row.floor?.failures ?? 0)
+        const failures = http.failures + (row.floor?.failures ?? 0) + (row.bodyAlone?.failures ?? 0)
         console.log(`  ${endpoint.label.padEnd(38)} ${formatInt(http.rps).padStart(7)} req/s  p50 ${http.p50.toFixed(2)} ms  p99 ${http.p99.toFixed(2)} ms` +
           (row.floor === undefined ? '' : `   pgbench ${formatInt(row.floor.rps).padStart(7)} tps  p50 ${row.floor.p50.toFixed(2)} ms`) +
+          (row.bodyAlone === undefined ? '' : `   body alone ${formatInt(row.bodyAlone.rps).padStart(7)} tps`) +
           (failures > 0 ? `   FAILURES: ${failures}` : ''))
       }
     }
@@ -588,8 +610,8 @@ function report (scale: ScaleName, rows: Row[]): string[] {
   const bare = byKey.get('bare')
   console.log(`\n### Scale ${scale}: ${formatInt(SCALES[scale].runs)} runs, ${formatInt(SCALES[scale].tasks)} tasks, ${formatInt(SCALES[scale].events)} events\n`)
   console.log(table(
-    ['endpoint', 'body bytes', 'wire bytes', 'req/s', 'p50 ms', 'p99 ms', '× getHealth', 'CPU µs/req: service', 'client', 'busy cores', 'pgbench tps', 'pgbench p50 ms', 'busy cores', '× pgbench'],
-    rows.map(({ endpoint, bytes, wire, http, floor }) => [
+    ['endpoint', 'body bytes', 'wire bytes', 'req/s', 'p50 ms', 'p99 ms', '× getHealth', 'CPU µs/req: service', 'client', 'busy cores', 'pgbench tps', 'pgbench p50 ms', 'busy cores', '× pgbench', 'body alone: tps', '×'],
+    rows.map(({ endpoint, bytes, wire, http, floor, bodyAlone }) => [
       endpoint.label,
       formatInt(bytes),
       formatInt(wire),
@@ -603,7 +625,9 @@ function report (scale: ScaleName, rows: Row[]): string[] {
       floor === undefined ? '' : formatInt(floor.rps),
       floor === undefined ? '' : fixed(floor.p50),
       floor === undefined ? '' : fixed(floor.cpu.machine * cpus().length, 1),
-      floor === undefined ? '' : fixed(http.rps / floor.rps)
+      floor === undefined ? '' : fixed(http.rps / floor.rps),
+      bodyAlone === undefined ? '' : formatInt(bodyAlone.rps),
+      bodyAlone === undefined ? '' : fixed(http.rps / bodyAlone.rps)
     ])
   ))
   const targets: string[] = []
@@ -629,8 +653,11 @@ function report (scale: ScaleName, rows: Row[]): string[] {
     if (row.floor === undefined || row.endpoint.floorTarget !== true) continue
     const ratio = row.http.rps / row.floor.rps
     targets.push(`| ${scale} | database floor: ${row.endpoint.label} / pgbench | ${fixed(ratio)} | ≥ 0.50 | ${verdict(ratio >= 0.5)} |`)
+    if (row.bodyAlone === undefined) continue
+    const bodyRatio = row.http.rps / row.bodyAlone.rps
+    targets.push(`| ${scale} | database floor, the body alone: ${row.endpoint.label} / pgbench of its statement without the event cursor | ${fixed(bodyRatio)} | ≥ 0.50 | ${verdict(bodyRatio >= 0.5)} |`)
   }
-  const failures = rows.filter((row) => row.http.failures + (row.floor?.failures ?? 0) > 0)
+  const failures = rows.filter((row) => row.http.failures + (row.floor?.failures ?? 0) + (row.bodyAlone?.failures ?? 0) > 0)
   if (failures.length > 0) console.log(`\nWARNING: failed requests or transactions in: ${failures.map((row) => row.endpoint.label).join(', ')}`)
   return targets
 }
@@ -653,7 +680,7 @@ async function main () {
   console.log(`\n## HTTP reads: ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, commit ${gitDescription()}`)
   console.log(`\nMachine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node.js ${process.version}, Postgres ${version} on loopback. ` +
     `The service at LOG_LEVEL ${logLevel}. ${connections} connections (${client === 'wrk' ? 'wrk -t 1' : 'autocannon'}) and ${connections} clients (pgbench -M prepared -j ${pgbenchJobs}); each figure over ${rounds} × ${roundSeconds} s, ` +
-    `in rounds alternating with what it is compared with (the HTTP floors with getHealth, each read with its statement in pgbench), after ${warmup} s of warm-up. ` +
+    `in rounds alternating with what it is compared with (the HTTP floors with getHealth, each read with its statement in pgbench and, for the run detail, that statement without the event cursor), after ${warmup} s of warm-up. ` +
     `CPU µs/req: CPU time per request of the service (or bare server) process and of the load generator (${client}); busy cores: of the whole machine during the measurement.` +
     (client === 'wrk' ? ' Latency percentiles: wrk\'s, averaged over the rounds weighted by requests.' : ' Latencies: every response\'s, from autocannon\'s response events.'))
   const targets: string[] = []

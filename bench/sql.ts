@@ -30,6 +30,12 @@ export interface FloorStatement {
   run: (pool: pg.Pool, targets: Targets) => Promise<unknown>
   /** The pgbench variable for each parameter value the statement is sent with. */
   variables: (targets: Targets) => Record<string, string>
+  /**
+   * bench/sql/<bodyAlone>: the same statement without the event cursor
+   * (its column null): Postgres building the body alone, the fastest
+   * statement known for it (BENCHMARKS.md, "A small run detail").
+   */
+  bodyAlone?: string
 }
 
 /**
@@ -51,7 +57,8 @@ export const STATEMENTS: Record<string, FloorStatement> = {
     file: 'run-detail.sql',
     operation: 'getRunDetail',
     run: (pool, targets) => getRunDetail(pool, targets.run200, KNOWN_POSITION),
-    variables: (targets) => ({ ...known, run_id: targets.run200 })
+    variables: (targets) => ({ ...known, run_id: targets.run200 }),
+    bodyAlone: 'run-detail-body.sql'
   },
   listBlockedTasks: {
     file: 'blocked.sql',
@@ -78,8 +85,17 @@ export function hideColonsFromPgbench (statement: string): string {
     body.includes(':') ? `${before}E'${body.replaceAll('\\', '\\\\').replaceAll(':', '\\x3a')}'` : match)
 }
 
+/** The settled position a read reports (X-Event-Cursor), as every statement of db/queries.ts selects it. */
+const EVENT_CURSOR_COLUMN = /events_settled\(\$\d+::bigint\)::text as "event_cursor"/
+
+/** The statement without its event cursor: the column stays, null, so the row has the same shape. */
+export function withoutEventCursor (text: string, operation: string): string {
+  if (!EVENT_CURSOR_COLUMN.test(text)) throw new Error(`bench/sql: ${operation} selects no event cursor (events_settled(...) as "event_cursor")`)
+  return text.replace(EVENT_CURSOR_COLUMN, 'null::text as "event_cursor"')
+}
+
 /** The statement as a pgbench script: parameters $n become the variables their values were given under. */
-export function toPgbenchScript (query: { text: string, values: unknown[] }, variables: Record<string, string>, operation: string): string {
+export function toPgbenchScript (query: { text: string, values: unknown[] }, variables: Record<string, string>, operation: string, what = 'the one statement the service sends for it'): string {
   const byValue = new Map(Object.entries(variables).map(([name, value]) => [value, name]))
   const text = query.text.replace(/\$(\d+)/g, (_match, n: string) => {
     const value = String(query.values[Number(n) - 1])
@@ -89,7 +105,7 @@ export function toPgbenchScript (query: { text: string, values: unknown[] }, var
   })
   const defines = Object.entries(variables).map(([name, value]) => `-D ${name}=${value}`).join(' ')
   return [
-    `-- ${operation}: the one statement the service sends for it (db/queries.ts, built with Kysely, run as a prepared statement),`,
+    `-- ${operation}: ${what} (db/queries.ts, built with Kysely, run as a prepared statement),`,
     '-- written by bench/sql.ts from the service\'s own query builder at every run of bench/http.ts: do not edit.',
     `-- pgbench -n -M prepared ${defines} -f bench/sql/<this file>`,
     '-- String constants holding a colon are written E\'...\\x3a...\' (the same text), or pgbench would read :MI as a variable.',
@@ -119,13 +135,23 @@ export async function writeFloorStatements (targets: Targets): Promise<string[]>
     await statement.run(recorder.pool, targets)
     const sent = recorder.sent()
     if (sent === undefined) throw new Error(`bench/sql: ${statement.operation} sent no statement`)
-    const script = toPgbenchScript({ text: sent.text, values: sent.values ?? [] }, statement.variables(targets), statement.operation)
-    const path = join(SQL_DIR, statement.file)
-    let previous: string | undefined
-    try { previous = readFileSync(path, 'utf8') } catch {}
-    if (previous !== script) {
-      writeFileSync(path, script)
-      changed.push(statement.file)
+    const query = { text: sent.text, values: sent.values ?? [] }
+    const scripts = [{ file: statement.file, script: toPgbenchScript(query, statement.variables(targets), statement.operation) }]
+    if (statement.bodyAlone !== undefined) {
+      scripts.push({
+        file: statement.bodyAlone,
+        script: toPgbenchScript({ ...query, text: withoutEventCursor(query.text, statement.operation) }, statement.variables(targets), statement.operation,
+          'the statement the service sends for it without the event cursor, the body alone')
+      })
+    }
+    for (const { file, script } of scripts) {
+      const path = join(SQL_DIR, file)
+      let previous: string | undefined
+      try { previous = readFileSync(path, 'utf8') } catch {}
+      if (previous !== script) {
+        writeFileSync(path, script)
+        changed.push(file)
+      }
     }
   }
   return changed
