@@ -1,7 +1,8 @@
-import { sql, type Expression } from 'kysely'
+import { CompiledQuery, sql, type Expression } from 'kysely'
 import { jsonArray, jsonObject, rowJson } from '../db/json.js'
 import type { Db } from '../db/schema.js'
 import { settled, settledPosition } from '../db/settled-position.js'
+import { builder, Statement } from '../db/statement.js'
 import { Event } from '../schemas/resources.js'
 
 /*
@@ -184,12 +185,22 @@ export async function freshEventsAfterKept (db: Db, afterId: number, filter: Eve
  * read them.
  */
 export async function pollAfter (db: Db, head: number, limit: number): Promise<{ state: LogState, events: StoredEvent[], waiting: boolean }> {
-  const { state, events, rows } = await withLogState(db, storedEvents(matchingAfter(db, head, {}, limit)
-    .where(sql<boolean>`(s.settled::bigint > ${head} or exists (select 1 from events n where n.event_id = ${head + 1}))`)),
-  // The first id above the head, by index (an EXISTS may be planned as a scan of the heap, whose newest rows come last).
-  sql<boolean>`(select n.event_id from events n where n.event_id > ${head} order by n.event_id limit 1) is not null`)
-  return { state, events, waiting: events.length === 0 && rows[0]!.extra === true }
+  const { rows } = await db.executeQuery<PollRow>(CompiledQuery.raw(pollStatement.text, pollStatement.values([head, limit])))
+  const events = joinedEvents(rows)
+  return { state: toLogState(rows[0]!), events, waiting: events.length === 0 && rows[0]!.extra === true }
 }
+
+/**
+ * pollAfter's statement, built and compiled once: the poll runs up to
+ * every WAKE_MIN_GAP_MS, and compiling it each time was half the poll's
+ * CPU in the service (BENCHMARKS.md, "Streams on Node 24").
+ */
+const pollStatement = new Statement(2, (head: number, limit: number) => withLogStateQuery(builder, storedEvents(matchingAfter(builder, head, {}, limit)
+  .where(sql<boolean>`(s.settled::bigint > ${head}::bigint or exists (select 1 from events n where n.event_id = ${head}::bigint + 1))`)),
+// The first id above the head, by index (an EXISTS may be planned as a scan of the heap, whose newest rows come last).
+sql<boolean>`(select n.event_id from events n where n.event_id > ${head}::bigint order by n.event_id limit 1) is not null`))
+
+type PollRow = LogStateRow & { event_id: string | null, run_id: string | null, thread_id: string | null, json: string | null, extra: boolean | null }
 
 /** The events of a page read joined to the keeper's state (left join: a row without an event when the page is empty). */
 function joinedEvents (rows: Array<{ event_id: string | null, run_id: string | null, thread_id: string | null, json: string | null }>): StoredEvent[] {
@@ -198,14 +209,17 @@ function joinedEvents (rows: Array<{ event_id: string | null, run_id: string | n
 }
 
 /** `page` (which may refer to the state as `s`), with the keeper's state and `extra`, in one statement. */
-async function withLogState (db: Db, page: ReturnType<typeof storedEvents>, extra = sql<boolean | null>`null`) {
-  const rows = await db.selectFrom(logStateRow.as('s'))
+function withLogStateQuery (db: Db, page: ReturnType<typeof storedEvents>, extra = sql<boolean | null>`null`) {
+  return db.selectFrom(logStateRow.as('s'))
     .leftJoinLateral(page.as('p'), (join) => join.onTrue())
     .selectAll('s')
     .select(['p.event_id', 'p.run_id', 'p.thread_id', 'p.json', extra.as('extra')])
     .orderBy('p.event_id')
-    .execute()
-  return { state: toLogState(rows[0]!), events: joinedEvents(rows), rows }
+}
+
+async function withLogState (db: Db, page: ReturnType<typeof storedEvents>) {
+  const rows = await withLogStateQuery(db, page).execute()
+  return { state: toLogState(rows[0]!), events: joinedEvents(rows) }
 }
 
 export interface EventPage {
