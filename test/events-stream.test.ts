@@ -1,6 +1,8 @@
+import { setTimeout } from 'node:timers/promises'
 import { EventSource } from 'eventsource'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
+import { SWEEP_MAX_INTERVAL_MS } from '../events/sse/streams.js'
 import { serve as serveApp } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
 import { insertGraph, json, makeRun } from './helpers/fixtures.js'
@@ -150,6 +152,23 @@ t.test('quiet streams get keep-alive comments, and a filtered one id-only blocks
   t.same(stream.events(), [], 'no event of another run was sent')
   const block = stream.frames.find((frame) => frame.id === String(other))!
   t.same(block, { id: String(other), comments: [] }, 'an id-only block: id, no data')
+})
+
+t.test('the streams are looked at for keep-alives at most once a second, however often the hub ticks', async (t) => {
+  const { app, url } = await serve(t, { SSE_KEEPALIVE_MS: 100_000 })
+  const stream = await openStream(url, '/api/events/stream?run_id=nobody-writes-this')
+  t.teardown(stream.close)
+  await stream.waitFor(() => app.events.streams.size === 1 && app.events.hub.head !== undefined)
+  const keepAlives = () => stream.frames.filter((frame) => frame.comments.includes('keep-alive')).length
+  // Ticks far past the stream's last write, in one turn (no real tick between them): each finds it quiet.
+  const later = Date.now() + 200_000
+  const head = app.events.hub.head!
+  app.events.streams.sweep(later, head)
+  app.events.streams.sweep(later + SWEEP_MAX_INTERVAL_MS - 1, head)
+  app.events.streams.sweep(later + SWEEP_MAX_INTERVAL_MS, head)
+  await stream.waitFor(() => keepAlives() === 2)
+  await setTimeout(100)
+  t.equal(keepAlives(), 2, 'the tick within a second of the last look wrote nothing')
 })
 
 t.test('a real EventSource reconnects with Last-Event-ID and misses nothing', async (t) => {
