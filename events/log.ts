@@ -217,6 +217,7 @@ function withLogStateQuery (db: Db, page: ReturnType<typeof storedEvents>, extra
     .orderBy('p.event_id')
 }
 
+/** withLogStateQuery run: the keeper's state and the page's events. */
 async function withLogState (db: Db, page: ReturnType<typeof storedEvents>) {
   const rows = await withLogStateQuery(db, page).execute()
   return { state: toLogState(rows[0]!), events: joinedEvents(rows) }

@@ -31,12 +31,6 @@ export interface DurableStreamOptions {
 }
 
 /**
- * The life of every open stream, from the route's reply to its end: the
- * stream limit, the subscription to the hub's fan-out, the first read and
- * the catch-up (from the event reader), then live events, keep-alives and
- * the end. Routes parse and validate, then hand it the reply.
- */
-/**
  * The most often the streams are looked at for keep-alives: once a second,
  * or a tenth of SSE_KEEPALIVE_MS if that is shorter. The hub ticks after
  * every poll (up to one each WAKE_MIN_GAP_MS while writers are busy), and
@@ -45,6 +39,12 @@ export interface DurableStreamOptions {
  */
 export const SWEEP_MAX_INTERVAL_MS = 1000
 
+/**
+ * The life of every open stream, from the route's reply to its end: the
+ * stream limit, the subscription to the hub's fan-out, the first read and
+ * the catch-up (from the event reader), then live events, keep-alives and
+ * the end. Routes parse and validate, then hand it the reply.
+ */
 export class EventStreams {
   readonly #subscribers = new Set<Subscriber>()
   /** When the streams were last looked at for keep-alives (sweep). */
