@@ -416,7 +416,19 @@ t.test('a crowd arriving at once on a run not yet checked shares one existence q
   const tail = (await fetch(`${url}/api/streams/events?offset=now`)).headers.get('stream-next-offset')!
   const known = await Promise.all(Array.from({ length: 20 }, () => fetch(`${url}/api/streams/runs/ds-crowd-check?offset=${tail}`)))
   t.same(known.map((response) => response.status), Array(20).fill(200))
-  const unknown = await Promise.all(Array.from({ length: 20 }, () => fetch(`${url}/api/streams/runs/ds-no-such-run?offset=${tail}`)))
+  // The unknown run's crowd arrives while its existence query is held (the
+  // runs table locked), so that it is one crowd whatever the machine's load:
+  // an answer found before the last request arrives would not be shared.
+  let arrived = 0
+  const allArrived = new Promise<void>((resolve) => {
+    app.server.on('request', (request) => { if (request.url?.startsWith('/api/streams/runs/ds-no-such-run') && ++arrived === 20) resolve() })
+  })
+  const unlock = await lockTable('runs')
+  const unknownCrowd = Promise.all(Array.from({ length: 20 }, () => fetch(`${url}/api/streams/runs/ds-no-such-run?offset=${tail}`)))
+  await allArrived
+  await sleep(100)
+  await unlock()
+  const unknown = await unknownCrowd
   t.same(unknown.map((response) => response.status), Array(20).fill(404))
   t.same(tables.filter((table) => table === 'runs'), ['runs', 'runs'], 'one query for each crowd')
   // A later request for the unknown run asks again (only existence is remembered).
