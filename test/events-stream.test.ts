@@ -1,4 +1,3 @@
-import { setTimeout } from 'node:timers/promises'
 import { EventSource } from 'eventsource'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
@@ -7,6 +6,7 @@ import { serve as serveApp } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
 import { insertGraph, json, makeRun } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
+import { sleep } from './helpers/wait.js'
 
 // GET /api/events/stream: wire format, filters, order, resume, tail, errors.
 
@@ -167,7 +167,7 @@ t.test('the streams are looked at for keep-alives at most once a second, however
   app.events.streams.sweep(later + SWEEP_MAX_INTERVAL_MS - 1, head)
   app.events.streams.sweep(later + SWEEP_MAX_INTERVAL_MS, head)
   await stream.waitFor(() => keepAlives() === 2)
-  await setTimeout(100)
+  await sleep(100)
   t.equal(keepAlives(), 2, 'the tick within a second of the last look wrote nothing')
 })
 
