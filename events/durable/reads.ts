@@ -87,29 +87,69 @@ export class DurableReads {
    * client goes away (`whenGone` calls the function it is handed), none and
    * the head.
    */
-  async longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
-    const { hub } = this
-    const head = await hub.ready()
-    const waiter = new Waiter(filter, offset === 'now' ? head : offset === 'oldest' ? 0 : offset, CATCH_UP_PAGE_SIZE)
+  longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
+    if (typeof offset !== 'number' || this.hub.head === undefined) return this.#longPollFrom(offset, filter, name, timeoutMs, whenGone)
+    // A re-poll from a recent offset (a crowd's every poll) is read from the
+    // window at once, and waits with no await before it: an async frame kept
+    // for each waiting request is what a crowd's scavenges copy.
+    const waiter = this.#listen(new Waiter(filter, offset, CATCH_UP_PAGE_SIZE))
+    let page: StreamPage | undefined
+    try {
+      page = this.#recentPage(offset, filter, name)
+    } catch (err) {
+      this.#unlisten(waiter)
+      return Promise.reject(err)
+    }
+    if (page === undefined) {
+      this.#unlisten(waiter)
+      return this.#longPollFrom(offset, filter, name, timeoutMs, whenGone)
+    }
+    if (page.events.length > 0) {
+      this.#unlisten(waiter)
+      return Promise.resolve(page)
+    }
+    return waiter.wait(timeoutMs, whenGone).then(() => this.#answer(waiter))
+  }
+
+  /** longPoll, when the hub is starting, the offset is `now` or `-1`, or the window does not reach back to it. */
+  async #longPollFrom (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
+    const head = await this.hub.ready()
     // Listening before the catch-up read, for the reason a stream subscribes first (sse/streams.ts).
-    this.#waiters.add(waiter)
-    hub.listen(waiter)
+    const waiter = this.#listen(new Waiter(filter, offset === 'now' ? head : offset === 'oldest' ? 0 : offset, CATCH_UP_PAGE_SIZE))
     try {
       if (offset === 'now') {
         // The tail as a plain read sees it now (the hub's head may be a poll behind): only what commits after it.
         waiter.raiseTo((await this.page('now', filter, name, true)).next)
       } else {
-        // A re-poll from a recent offset (a crowd's every poll) is read from the window at once.
         const page = (offset === 'oldest' ? undefined : this.#recentPage(offset, filter, name)) ?? await this.page(offset, filter, name)
-        if (page.events.length > 0) return page
+        if (page.events.length > 0) {
+          this.#unlisten(waiter)
+          return page
+        }
       }
-      await waiter.wait(timeoutMs, whenGone)
-    } finally {
-      this.#waiters.delete(waiter)
-      hub.unlisten(waiter)
+    } catch (err) {
+      this.#unlisten(waiter)
+      throw err
     }
-    // Between two awaits the head covers every event handed out.
-    return this.#pageOf(waiter.events, Math.max(waiter.afterId, hub.head!))
+    await waiter.wait(timeoutMs, whenGone)
+    return this.#answer(waiter)
+  }
+
+  #listen (waiter: Waiter): Waiter {
+    this.#waiters.add(waiter)
+    this.hub.listen(waiter)
+    return waiter
+  }
+
+  #unlisten (waiter: Waiter): void {
+    this.#waiters.delete(waiter)
+    this.hub.unlisten(waiter)
+  }
+
+  /** A wait is over: what the waiter kept, up to the head (between two awaits it covers every event handed out). */
+  #answer (waiter: Waiter): StreamPage {
+    this.#unlisten(waiter)
+    return this.#pageOf(waiter.events, Math.max(waiter.afterId, this.hub.head!))
   }
 
   /** page()'s answer for `offset` from the window of recent events, without a promise; undefined when the table must be read. */

@@ -2,7 +2,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyReply, FastifyRequest, RouteHandlerMethod } from 'fastify'
 import { Type, type Static } from 'typebox'
 import { ApiError, CursorBeyondError, invalidParameter, notFound, offsetBeyond } from '../../errors.js'
-import { durableSseFormat, encodeOffset, nextStreamCursor, parseOffset, parseStreamCursor, streamSubjectExists, type EventFilter, type StoredEvent, type StreamPage } from '../../events/index.js'
+import { durableSseFormat, encodeOffset, nextStreamCursor, parseOffset, parseStreamCursor, streamSubjectExists, type EventFilter, type StoredEvent, type StreamOffset, type StreamPage } from '../../events/index.js'
 import type { StreamScope } from '../../plugins/app/auth/stream-tokens.js'
 import { NO_STORE } from '../../plugins/app/http-cache.js'
 import { commonErrors, ConditionalHeaders, DurableStreamQuery, errorResponse, RunParams, StreamOffsetParam, ThreadParams } from '../../schemas/api.js'
@@ -137,34 +137,55 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     return reply.type(DURABLE_JSON).sendCacheable(pageJson(page.events), 'stream', next)
   }
 
-  async function read (query: Static<typeof DurableStreamQuery>, reply: FastifyReply, filter: EventFilter) {
-    const { live } = query
-    // The protocol: a live read names where it starts; only a catch-up may leave it out (then: -1).
-    if (live !== undefined && query.offset === undefined) throw invalidParameter(StreamOffsetParam)
-    const offset = parseOffset(query.offset)
-    const cursor = parseStreamCursor(query.cursor)
-    reply.header('cross-origin-resource-policy', 'cross-origin')
-    const checked = checkExists(filter)
+  /**
+   * A read: a crowd's re-poll (a long-poll of a run already known to
+   * exist) goes to its wait with no await before it, since an async frame
+   * kept for each waiting request is what a crowd's scavenges copy; every
+   * other read goes on in readChecked.
+   */
+  function read (query: Static<typeof DurableStreamQuery>, reply: FastifyReply, filter: EventFilter): Promise<unknown> {
+    let offset: StreamOffset
+    let cursor: number | undefined
+    let checked: Promise<void> | undefined
+    try {
+      // The protocol: a live read names where it starts; only a catch-up may leave it out (then: -1).
+      if (query.live !== undefined && query.offset === undefined) throw invalidParameter(StreamOffsetParam)
+      offset = parseOffset(query.offset)
+      cursor = parseStreamCursor(query.cursor)
+      reply.header('cross-origin-resource-policy', 'cross-origin')
+      checked = checkExists(filter)
+    } catch (err) {
+      return Promise.reject(err)
+    }
+    if (checked === undefined && query.live === 'long-poll') return longPoll(offset, cursor, reply, filter)
+    return readChecked(checked, query.live, offset, cursor, reply, filter)
+  }
+
+  async function readChecked (checked: Promise<void> | undefined, live: Static<typeof DurableStreamQuery>['live'], offset: StreamOffset, cursor: number | undefined, reply: FastifyReply, filter: EventFilter) {
     if (checked !== undefined) await checked
     if (live === 'sse') {
       const start = offset === 'now' ? 'tail' : offset === 'oldest' ? 'oldest' : { afterId: offset, name: 'offset' }
       const format = (head: () => number) => durableSseFormat(head, () => nextStreamCursor(Date.now(), cursor))
       return events.streams.open(reply, filter, start, { format, maxMs: STREAMS_SSE_MAX_MS }).catch(renameCursorErrors)
     }
-    if (live === 'long-poll') {
-      // Stopped only when the client leaves before its answer (a 'close' after the answer is every request's).
-      const whenGone = (stop: () => void) => reply.raw.on('close', () => { if (!reply.raw.writableEnded) stop() })
-      const page = await events.durable.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone).catch(renameCursorErrors)
-      reply.header('stream-cursor', nextStreamCursor(Date.now(), cursor))
-      if (page.events.length > 0) return sendPage(reply, page)
-      return reply.code(204).header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')
-        .header('cache-control', NO_STORE).send()
-    }
+    if (live === 'long-poll') return longPoll(offset, cursor, reply, filter)
     const page = await events.durable.page(offset, filter, 'offset', true).catch(renameCursorErrors)
     if (offset !== 'now') return sendPage(reply, page)
     // The tail moves: never cached, no ETag (the protocol's rule for offset=now).
     return reply.header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')
       .header('cache-control', NO_STORE).type(DURABLE_JSON).send(EMPTY_ARRAY)
+  }
+
+  /** A long-poll: the events that came, or 204 when none did in time. */
+  function longPoll (offset: StreamOffset, cursor: number | undefined, reply: FastifyReply, filter: EventFilter) {
+    // Stopped only when the client leaves before its answer (a 'close' after the answer is every request's).
+    const whenGone = (stop: () => void) => reply.raw.on('close', () => { if (!reply.raw.writableEnded) stop() })
+    return events.durable.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone).then((page) => {
+      reply.header('stream-cursor', nextStreamCursor(Date.now(), cursor))
+      if (page.events.length > 0) return sendPage(reply, page)
+      return reply.code(204).header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')
+        .header('cache-control', NO_STORE).send()
+    }, renameCursorErrors)
   }
 
   // @fastify/sse wraps the handler of a route that may stream: every request

@@ -1,0 +1,57 @@
+import t from 'tap'
+import { ApiError } from '../errors.js'
+import { DurableReads } from '../events/durable/reads.js'
+import { Waiter } from '../events/durable/waiter.js'
+import type { EventHub, Listener } from '../events/hub.js'
+import type { LogState, StoredEvent } from '../events/log.js'
+import type { EventReader } from '../events/reader.js'
+
+// A long-poll from a recent offset (a crowd's every re-poll) takes a path
+// with no await before its wait: what it reads from the window answers at
+// once, a cursor the window refuses rejects, and either way it leaves
+// nothing listening on the hub. Here with a hub and a reader of its own,
+// so that each case is certain (the HTTP tests: durable-streams.test.ts).
+
+const HEAD = 10
+const state: LogState = { settled: HEAD, floor: 0, epoch: 1, epochBase: 0, reissued: [], timeline: 1, newTimeline: false, waitingPid: null, waitingTransaction: null, preparedWriters: 0, settledAge: 0, drawn: HEAD }
+const event = (id: number): StoredEvent => ({ id, runId: 'run-1', threadId: '', json: `{"event_id":${id}}` })
+
+function setup (recent: (afterId: number) => StoredEvent[] | undefined) {
+  const listeners = new Set<Listener>()
+  const hub = { head: HEAD, state, listen: (listener: Listener) => listeners.add(listener), unlisten: (listener: Listener) => listeners.delete(listener) }
+  const reader = { recentKeptAfter: (afterId: number) => recent(afterId) }
+  return { listeners, reads: new DurableReads(undefined as never, hub as unknown as EventHub, reader as unknown as EventReader) }
+}
+
+const noGone = () => {}
+
+t.test('events the window holds past the offset: answered at once', async (t) => {
+  const { listeners, reads } = setup(() => [event(9), event(10)])
+  const page = await reads.longPoll(8, { runId: 'run-1' }, 'offset', 1000, noGone)
+  t.same(page.events.map((e) => e.id), [9, 10])
+  t.equal(page.next, HEAD)
+  t.equal(listeners.size, 0, 'nothing left listening')
+  t.equal(reads.waiting, 0)
+})
+
+t.test('a cursor the window refuses (a range reissued after a failover): rejected, nothing left listening', async (t) => {
+  const refused = new ApiError('cursor_expired', 'lost in a failover')
+  const { listeners, reads } = setup(() => { throw refused })
+  await t.rejects(reads.longPoll(8, { runId: 'run-1' }, 'offset', 1000, noGone), refused)
+  t.equal(listeners.size, 0)
+  t.equal(reads.waiting, 0)
+})
+
+t.test('nothing yet: waits on the hub, and answers what a poll hands out', async (t) => {
+  const { listeners, reads } = setup(() => [])
+  const answer = reads.longPoll(HEAD, { runId: 'run-1' }, 'offset', 10_000, noGone)
+  t.equal(listeners.size, 1, 'listening')
+  t.equal(reads.waiting, 1)
+  const [waiter] = listeners
+  t.ok(waiter instanceof Waiter)
+  waiter!.offer(event(HEAD + 1))
+  t.ok((waiter as Waiter).settled(), 'a poll ends with an event kept: it answers')
+  const page = await answer
+  t.same(page.events.map((e) => e.id), [HEAD + 1])
+  t.equal(listeners.size, 0, 'and listens no more')
+})
