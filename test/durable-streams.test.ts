@@ -491,6 +491,17 @@ t.test('raw: long-poll from -1 on an empty stream waits, then gets the first eve
   t.ok(Date.now() - started < 4000, 'without waiting for its timeout')
 })
 
+t.test('raw: a long-poll whose client goes away stops waiting then, not at its timeout', async (t) => {
+  const { app, url } = await serve(t, { STREAMS_LONG_POLL_MS: 60_000 })
+  const head = (await fetch(`${url}/api/streams/runs/ds-a?offset=now`)).headers.get('stream-next-offset')!
+  const controller = new AbortController()
+  const gone = fetch(`${url}/api/streams/runs/ds-a?offset=${head}&live=long-poll`, { signal: controller.signal }).then(() => 'answered', () => 'aborted')
+  await waitUntil(() => app.events.durable.waiting === 1, 'the long-poll to wait')
+  controller.abort()
+  t.equal(await gone, 'aborted')
+  await waitUntil(() => app.events.durable.waiting === 0, 'the waiter to stop when its client left', 10_000)
+})
+
 t.test('raw: an SSE read and a long-poll still opening when the shutdown begins are answered at once (a retry, nothing new), never left open', async (t) => {
   const { app, url } = await serve(t, { STREAMS_LONG_POLL_MS: 5000 })
   await app.events.ready()
