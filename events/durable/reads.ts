@@ -91,23 +91,17 @@ export class DurableReads {
     if (typeof offset !== 'number' || this.hub.head === undefined) return this.#longPollFrom(offset, filter, name, timeoutMs, whenGone)
     // A re-poll from a recent offset (a crowd's every poll) is read from the
     // window at once, and waits with no await before it: an async frame kept
-    // for each waiting request is what a crowd's scavenges copy.
-    const waiter = this.#listen(new Waiter(filter, offset, CATCH_UP_PAGE_SIZE))
+    // for each waiting request is what a crowd's scavenges copy. The read and
+    // the listening are in one turn, so no event can come between them.
     let page: StreamPage | undefined
     try {
       page = this.#recentPage(offset, filter, name)
     } catch (err) {
-      this.#unlisten(waiter)
       return Promise.reject(err)
     }
-    if (page === undefined) {
-      this.#unlisten(waiter)
-      return this.#longPollFrom(offset, filter, name, timeoutMs, whenGone)
-    }
-    if (page.events.length > 0) {
-      this.#unlisten(waiter)
-      return Promise.resolve(page)
-    }
+    if (page === undefined) return this.#longPollFrom(offset, filter, name, timeoutMs, whenGone)
+    if (page.events.length > 0) return Promise.resolve(page)
+    const waiter = this.#listen(new Waiter(filter, offset, CATCH_UP_PAGE_SIZE))
     return waiter.wait(timeoutMs, whenGone).then(() => this.#answer(waiter))
   }
 
