@@ -63,11 +63,73 @@ const DUPLICATE_PREPARED_STATEMENT = '42P05'
  */
 const sharedSessions = new WeakSet<pg.PoolClient>()
 
-/** The first row of a statement, run on a pooled connection as a prepared statement. */
-export async function queryRow<Row extends pg.QueryResultRow, Args extends unknown[]> (
+/** Reads asked of one pool through queryRow, and how many of them shared another read's statement. */
+export interface ReadCounts {
+  reads: number
+  shared: number
+}
+
+/**
+ * Identical reads arriving together share one statement. Reads of the same
+ * statement with the same arguments that reach queryRow in the same turn
+ * of the event loop (a live UI's viewers refetching a run on the same
+ * event, a dashboard's panels) wait for that turn's I/O to be handled
+ * (setImmediate), then run the statement once and all take its row. The
+ * statement is sent only after every read that shares it has arrived, so
+ * its snapshot is younger than each of them: every read still sees every
+ * commit that came before it. A read arriving once the statement is on its
+ * way starts another: joining a statement already sent could answer it
+ * from a snapshot older than the read itself (a client refetching on an
+ * event would not see that event's change).
+ */
+class Gathering {
+  readonly counts: ReadCounts = { reads: 0, shared: 0 }
+  readonly #waiting = new Map<string, Promise<unknown>>()
+
+  constructor (readonly pool: pg.Pool) {}
+
+  read<Row extends pg.QueryResultRow> (statement: Statement<unknown[]>, values: unknown[]): Promise<Row | undefined> {
+    this.counts.reads++
+    const key = `${statement.name} ${JSON.stringify(values)}`
+    const waiting = this.#waiting.get(key)
+    if (waiting !== undefined) {
+      this.counts.shared++
+      return waiting as Promise<Row | undefined>
+    }
+    const row = new Promise<Row | undefined>((resolve) => setImmediate(() => {
+      this.#waiting.delete(key)
+      resolve(execute<Row>(this.pool, statement, values))
+    }))
+    this.#waiting.set(key, row)
+    return row
+  }
+}
+
+const gatherings = new WeakMap<pg.Pool, Gathering>()
+
+function gatheringOf (pool: pg.Pool): Gathering {
+  let gathering = gatherings.get(pool)
+  if (gathering === undefined) gatherings.set(pool, gathering = new Gathering(pool))
+  return gathering
+}
+
+/** What queryRow has done on this pool so far (the metrics). */
+export function readCounts (pool: pg.Pool): Readonly<ReadCounts> {
+  return gatheringOf(pool).counts
+}
+
+/**
+ * The first row of a statement, run on a pooled connection as a prepared
+ * statement, shared with the identical reads that arrive with it. The row
+ * may be another read's too: read it, never change it.
+ */
+export function queryRow<Row extends pg.QueryResultRow, Args extends unknown[]> (
   pool: pg.Pool, statement: Statement<Args>, ...args: Args
 ): Promise<Row | undefined> {
-  const values = statement.values(args)
+  return gatheringOf(pool).read<Row>(statement as Statement<unknown[]>, statement.values(args))
+}
+
+async function execute<Row extends pg.QueryResultRow> (pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[]): Promise<Row | undefined> {
   const client = await pool.connect()
   try {
     if (!sharedSessions.has(client)) {

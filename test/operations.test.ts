@@ -87,13 +87,15 @@ t.test('/metrics: requests by route and status, the pool, streams, the poller', 
   await app.inject('/api/runs/nope')
   await app.inject('/no/such/route')
   await app.inject('/openapi.json') // a route added before the application's plugins
+  const together = await Promise.all([app.inject('/api/runs/run-ops-1'), app.inject('/api/runs/run-ops-1')])
+  t.same(together.map((res) => res.statusCode), [200, 200])
   await new Promise((resolve) => setTimeout(resolve, 100)) // a few polls
   const res = await app.inject('/metrics')
   t.equal(res.statusCode, 200)
   t.match(res.headers['content-type'], /^text\/plain/)
   const text = res.body
   t.match(text, /http_requests_total\{method="GET",route="\/api\/runs",status_code="200"\} 2/)
-  t.match(text, /http_requests_total\{method="GET",route="\/api\/runs\/:runID",status_code="200"\} 1/)
+  t.match(text, /http_requests_total\{method="GET",route="\/api\/runs\/:runID",status_code="200"\} 3/)
   t.match(text, /http_requests_total\{method="GET",route="\/api\/runs\/:runID",status_code="404"\} 1/)
   t.match(text, /http_requests_total\{method="GET",route="unmatched",status_code="404"\} 1/)
   t.match(text, /http_requests_total\{method="GET",route="\/openapi.json",status_code="200"\} 1/)
@@ -101,6 +103,8 @@ t.test('/metrics: requests by route and status, the pool, streams, the poller', 
   t.match(text, /db_pool_connections\{state="total"\} \d/)
   t.match(text, /db_pool_connections\{state="idle"\} \d/)
   t.match(text, /db_pool_connections\{state="waiting"\} 0/)
+  t.match(text, /db_reads_total\{statement="own"\} 5\n/, 'the list twice, the run, the unknown run, the run read twice at once')
+  t.match(text, /db_reads_total\{statement="shared"\} 1\n/, 'the second of the two arriving together')
   t.match(text, /event_streams_open 0/)
   const lag = Number(/^event_poller_lag_seconds (\S+)$/m.exec(text)?.[1])
   t.ok(lag >= 0 && lag < 1, `poller lag ${lag} s`)

@@ -1,7 +1,7 @@
 import { sql } from 'kysely'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { builder, queryRow, Statement } from '../db/statement.js'
+import { builder, queryRow, readCounts, Statement } from '../db/statement.js'
 import { testDatabaseUrl } from './helpers/database.js'
 
 // The reads run as prepared statements named after their text (db/queries.ts).
@@ -45,4 +45,52 @@ t.test('an error of the statement reaches the caller, and the connection goes ba
   const pool = await onePool(t)
   await t.rejects(queryRow(pool, repeat('failing'), 'ab', 'not a number' as unknown as number), { code: '22P02' })
   t.same(await queryRow(pool, repeat('after'), 'ok', 1), { text: 'ok', marker: 'after' })
+})
+
+/** The rows tagged `tag` in gathered_rows, with the server's clock, then a sleep of `seconds`. */
+const countAfterSleep = new Statement(2, (tag: string, seconds: number) => builder
+  .selectNoFrom([
+    sql<string>`(select count(*) from gathered_rows where tag = ${tag})::text`.as('rows'),
+    sql<string>`clock_timestamp()::text`.as('at'),
+    sql<string>`pg_sleep(${seconds}::float8)::text`.as('slept')
+  ]))
+
+async function tablePool (t: Test): Promise<pg.Pool> {
+  const pool = await onePool(t)
+  await pool.query('create table if not exists gathered_rows (tag text not null)')
+  return pool
+}
+
+t.test('identical reads arriving together share one statement, and its row', async (t) => {
+  const pool = await tablePool(t)
+  await pool.query("insert into gathered_rows values ('together')")
+  const before = { ...readCounts(pool) }
+  const [first, second, other] = await Promise.all([
+    queryRow(pool, countAfterSleep, 'together', 0),
+    queryRow(pool, countAfterSleep, 'together', 0),
+    queryRow(pool, countAfterSleep, 'apart', 0)
+  ])
+  t.equal(first, second, 'the same row: one statement ran for both')
+  t.same(first, { rows: '1', at: first?.at, slept: '' })
+  t.not(other?.at, first?.at, 'other arguments, a statement of their own')
+  t.same(readCounts(pool), { reads: before.reads + 3, shared: before.shared + 1 })
+})
+
+t.test('a read arriving once the identical statement is on its way runs its own, and sees what committed before it', async (t) => {
+  const pool = await tablePool(t)
+  const writer = await onePool(t)
+  const early = queryRow(pool, countAfterSleep, 'later', 0.3)
+  await new Promise((resolve) => setImmediate(resolve)) // the early read's statement is sent
+  await new Promise((resolve) => setTimeout(resolve, 50)) // and its snapshot taken
+  await writer.query("insert into gathered_rows values ('later')")
+  const late = queryRow(pool, countAfterSleep, 'later', 0.3)
+  t.same((await early)?.rows, '0', 'the early read: its snapshot before the commit')
+  t.same((await late)?.rows, '1', 'the late read: not the early one\'s row, a snapshot after the commit')
+})
+
+t.test('an error of a shared statement reaches every read that shared it', async (t) => {
+  const pool = await onePool(t)
+  const failing = repeat('shared failure')
+  const reads = [queryRow(pool, failing, 'ab', 'x' as unknown as number), queryRow(pool, failing, 'ab', 'x' as unknown as number)]
+  for (const read of reads) await t.rejects(read, { code: '22P02' })
 })

@@ -1,5 +1,6 @@
 import fp from 'fastify-plugin'
 import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client'
+import { readCounts } from '../../db/statement.js'
 
 declare module 'fastify' {
   interface FastifyInstance {
@@ -31,6 +32,18 @@ export default fp(async function metricsPlugin (app) {
       this.set({ state: 'total' }, dbPool.totalCount)
       this.set({ state: 'idle' }, dbPool.idleCount)
       this.set({ state: 'waiting' }, dbPool.waitingCount)
+    }
+  })
+  new Counter({ // eslint-disable-line no-new
+    name: 'db_reads_total',
+    help: 'Reads of the API run as a database statement: those that ran their own, and those that shared the statement of an identical read arriving with them',
+    labelNames: ['statement'],
+    registers,
+    collect () {
+      const counts = readCounts(dbPool)
+      this.reset()
+      this.inc({ statement: 'own' }, counts.reads - counts.shared)
+      this.inc({ statement: 'shared' }, counts.shared)
     }
   })
   new Gauge({ // eslint-disable-line no-new
