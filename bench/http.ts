@@ -19,7 +19,11 @@
  * with pgbench -M prepared running its statement with as many clients
  * (alternating, so that a change of the machine's load meanwhile falls on
  * both sides of a ratio); the run detail also against its statement
- * without the event cursor, the body alone (bench/sql/run-detail-body.sql).
+ * without the event cursor, the body alone (bench/sql/run-detail-body.sql),
+ * and once more spread over 64 runs of 10 tasks (run10-spread): every
+ * request to one address lets identical reads arriving together share a
+ * statement (db/statement.ts), so the share of reads that did is printed,
+ * and the spread read, where none can, shows what each read costs alone.
  * Everything is warmed up first. Prints requests per
  * second, p50 and p99 latency, CPU per request, the ratio to getHealth of
  * this very process, the ratio to the statement alone in Postgres, and,
@@ -29,7 +33,7 @@ import autocannon from 'autocannon'
 import { Ajv2019 } from 'ajv/dist/2019.js'
 import addFormats from 'ajv-formats'
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
-import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync } from 'node:fs'
+import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { connect } from 'node:net'
 import { cpus, tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -57,7 +61,7 @@ const { values: args } = parseArgs({
     'log-level': { type: 'string', default: 'warn' }
   }
 })
-const USAGE = 'usage: npm run bench:http -- [--scale small|large|both] [--seconds N] [--rounds N] [--warmup N] [--client wrk|autocannon] [--connections N] [--pgbench-jobs N] [--only bare,bare-headers,fastify,health,runs,run10,run10-304,run200,blocked,thread] [--no-build] [--cpu-prof DIR] [--pool-max N] [--log-level warn|info]'
+const USAGE = 'usage: npm run bench:http -- [--scale small|large|both] [--seconds N] [--rounds N] [--warmup N] [--client wrk|autocannon] [--connections N] [--pgbench-jobs N] [--only bare,bare-headers,fastify,health,runs,run10,run10-spread,run10-304,run200,blocked,thread] [--no-build] [--cpu-prof DIR] [--pool-max N] [--log-level warn|info]'
 const scales = args.scale === 'both' ? ['small', 'large'] : [args.scale]
 const seconds = Number(args.seconds)
 const warmup = Number(args.warmup)
@@ -93,7 +97,17 @@ interface Endpoint {
   floorTarget?: boolean
   /** A conditional GET of the endpoint with this key, sending its ETag in If-None-Match: measured in its rounds, answered 304. */
   revalidates?: string
+  /**
+   * Spread over SPREAD_RUNS runs with as many tasks as this target's, each
+   * request the next of them (wrk) and each transaction one of them at random
+   * (pgbench): no two requests in flight together ask for the same run, so
+   * none shares another's statement (db/statement.ts) and each pays its own.
+   */
+  spread?: keyof Targets
 }
+
+/** How many runs a spread endpoint goes round. */
+const SPREAD_RUNS = 64
 
 const runDetailFloor = (run: keyof Targets) => {
   const variables = (targets: Targets) => ({ ...STATEMENTS.getRunDetail!.variables(targets), run_id: targets[run] })
@@ -122,6 +136,16 @@ const ENDPOINTS: Endpoint[] = [
     check: (body) => body.run.tasks.length === 10 && body.run.blocked_tasks.length === 2 ? undefined : 'expected 10 tasks, 2 blocked',
     floor: runDetailFloor('run10'),
     floorTarget: true
+  },
+  {
+    key: 'run10-spread',
+    label: `getRunDetail (10 tasks), ${SPREAD_RUNS} runs in turn`,
+    path: (targets) => `/api/runs/${targets.run10}`,
+    schema: 'RunDetailEnvelope',
+    check: (body) => body.run.tasks.length === 10 ? undefined : 'expected 10 tasks',
+    floor: runDetailFloor('run10'),
+    floorTarget: true,
+    spread: 'run10'
   },
   {
     key: 'run10-304',
@@ -163,6 +187,10 @@ const only = args.only === undefined ? undefined : new Set(args.only.split(','))
 const measured = ENDPOINTS.filter((endpoint) => only === undefined || only.has(endpoint.key))
 if (only !== undefined && measured.length !== only.size) {
   console.error(USAGE)
+  process.exit(2)
+}
+if (client !== 'wrk' && measured.some((endpoint) => endpoint.spread !== undefined)) {
+  console.error(`${measured.filter((endpoint) => endpoint.spread !== undefined).map((endpoint) => endpoint.key).join(', ')}: needs wrk (Debian's wrk package); leave it out with --only`)
   process.exit(2)
 }
 
@@ -335,12 +363,13 @@ function childrenCpuSeconds (): number {
 }
 
 /** wrk (one thread) against `url` for `duration` seconds, with its latency percentiles. */
-async function wrkRun (url: string, duration: number, pid?: number, headers: Record<string, string> = {}): Promise<Sample> {
+async function wrkRun (url: string, duration: number, pid?: number, headers: Record<string, string> = {}, script?: string): Promise<Sample> {
   const meter = cpuMeter(pid)
   const clientBefore = childrenCpuSeconds()
   const output = await new Promise<string>((resolve, reject) => {
     const headerArgs = Object.entries(headers).flatMap(([name, value]) => ['-H', `${name}: ${value}`])
-    const child = spawn('wrk', ['-t', '1', '-c', String(connections), '-d', `${duration}s`, '--latency', ...headerArgs, url], { stdio: ['ignore', 'pipe', 'pipe'] })
+    const scriptArgs = script === undefined ? [] : ['-s', script]
+    const child = spawn('wrk', ['-t', '1', '-c', String(connections), '-d', `${duration}s`, '--latency', ...headerArgs, ...scriptArgs, url], { stdio: ['ignore', 'pipe', 'pipe'] })
     let text = ''
     child.stdout.on('data', (chunk) => { text += chunk })
     child.stderr.on('data', (chunk) => { text += chunk })
@@ -374,6 +403,34 @@ async function wrkRun (url: string, duration: number, pid?: number, headers: Rec
 const httpRun = (url: string, duration: number, pid?: number, headers?: Record<string, string>) =>
   client === 'wrk' ? wrkRun(url, duration, pid, headers) : autocannonRun(url, duration, pid, headers)
 
+/** A wrk script asking for each of `paths` in turn, one request after another. */
+function roundRobinScript (dir: string, paths: string[]): string {
+  const file = join(dir, 'round-robin.lua')
+  writeFileSync(file, `local paths = { ${paths.map((path) => JSON.stringify(path)).join(', ')} }
+local next = 0
+request = function ()
+  next = next % #paths + 1
+  return wrk.format("GET", paths[next])
+end
+`)
+  return file
+}
+
+/**
+ * The floor statement over the runs of a spread endpoint, as one script: each
+ * transaction draws one of them at random (\\set), and the statement picks
+ * its id from their list by that parameter, so it stays one prepared
+ * statement per connection, as the service's is.
+ */
+function spreadFloorFiles (dir: string, floor: FloorScript, runs: string[]): string[] {
+  const text = readFileSync(join(SQL_DIR, floor.file), 'utf8')
+  if (!text.includes(':run_id')) throw new Error(`bench/sql/${floor.file}: no :run_id to spread`)
+  const list = `(array[${runs.map((run) => `'${run.replaceAll("'", "''")}'`).join(', ')}]::text[])[:spread_run]`
+  const file = join(dir, floor.file)
+  writeFileSync(file, `\\set spread_run random(1, ${runs.length})\n${text.replaceAll(':run_id', list)}`)
+  return [file]
+}
+
 /** Bytes on the wire of one answer (status line, headers and body, uncompressed, as the load generators ask), over a raw socket. */
 function wireBytes (url: string, headers: Record<string, string> = {}): Promise<number> {
   const { hostname, port, pathname, search } = new URL(url)
@@ -389,12 +446,12 @@ function wireBytes (url: string, headers: Record<string, string> = {}): Promise<
   })
 }
 
-function pgbenchArgs (url: string, floor: FloorScript, targets: Targets, duration: number): string[] {
+function pgbenchArgs (url: string, floor: FloorScript, targets: Targets, duration: number, files = [join(SQL_DIR, floor.file)]): string[] {
   const parsed = new URL(url)
   const variables = floor.variables(targets)
   return [
     '-n', '-M', 'prepared', '-c', String(connections), '-j', String(pgbenchJobs), '-T', String(duration),
-    '-f', join(SQL_DIR, floor.file),
+    ...files.flatMap((file) => ['-f', file]),
     ...Object.entries(variables).flatMap(([name, value]) => ['-D', `${name}=${value}`]),
     '-h', parsed.hostname, '-p', parsed.port || '5432', '-U', decodeURIComponent(parsed.username || 'postgres'),
     parsed.pathname.slice(1)
@@ -407,12 +464,12 @@ function pgbenchEnv (url: string): NodeJS.ProcessEnv {
 }
 
 /** pgbench -M prepared running the floor statement; latencies from its per-transaction log. */
-async function pgbenchRun (url: string, floor: FloorScript, targets: Targets, duration: number): Promise<Sample> {
+async function pgbenchRun (url: string, floor: FloorScript, targets: Targets, duration: number, files?: string[]): Promise<Sample> {
   const logDir = mkdtempSync(join(tmpdir(), 'ocp-bench-pgbench-'))
   try {
     const meter = cpuMeter()
     const output = await new Promise<string>((resolve, reject) => {
-      const child = spawn('pgbench', [...pgbenchArgs(url, floor, targets, duration), '--log', `--log-prefix=${join(logDir, 'tx')}`],
+      const child = spawn('pgbench', [...pgbenchArgs(url, floor, targets, duration, files), '--log', `--log-prefix=${join(logDir, 'tx')}`],
         { env: pgbenchEnv(url), stdio: ['ignore', 'pipe', 'pipe'] })
       let text = ''
       child.stdout.on('data', (chunk) => { text += chunk })
@@ -450,6 +507,28 @@ async function floorBody (url: string, floor: FloorScript, targets: Targets): Pr
   }
 }
 
+/** The first SPREAD_RUNS runs (by id) with as many tasks as `run`. */
+async function runsLike (url: string, run: string): Promise<string[]> {
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  try {
+    const { rows } = await client.query<{ run_id: string }>(
+      `select run_id from tasks group by run_id
+        having count(*) = (select count(*) from tasks where run_id = $1) order by run_id limit $2`, [run, SPREAD_RUNS])
+    if (rows.length < SPREAD_RUNS) throw new Error(`only ${rows.length} runs with as many tasks as ${run}, ${SPREAD_RUNS} wanted`)
+    return rows.map((row) => row.run_id)
+  } finally {
+    await client.end()
+  }
+}
+
+/** The service's reads so far: those that ran their own statement and those that shared one (db_reads_total). */
+async function readsOf (servicePort: number): Promise<{ own: number, shared: number }> {
+  const text = await (await fetch(`http://127.0.0.1:${servicePort}/metrics`)).text()
+  const count = (statement: string) => Number(new RegExp(`^db_reads_total\\{statement="${statement}"\\} (\\d+)$`, 'm').exec(text)?.[1] ?? NaN)
+  return { own: count('own'), shared: count('shared') }
+}
+
 // ---- one scale ---------------------------------------------------------------------
 
 interface Row {
@@ -461,6 +540,8 @@ interface Row {
   floor?: Measurement
   /** pgbench of the floor statement without the event cursor. */
   bodyAlone?: Measurement
+  /** The share of the service's reads in its rounds (and those of its revalidation) that shared another's statement. */
+  sharedReads?: number
 }
 
 async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Row[] }> {
@@ -492,6 +573,7 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
   const fastify = spawn(process.execPath, ['--input-type=module', '-e', BARE_FASTIFY], { cwd: root, env: { ...process.env, PORT: String(fastifyPort) }, stdio: ['ignore', 'inherit', 'inherit'] })
   let bareHeaders: ChildProcess | undefined
   const rows: Row[] = []
+  const spreadDir = mkdtempSync(join(tmpdir(), 'ocp-bench-spread-'))
   try {
     await waitFor(`http://127.0.0.1:${servicePort}/health`, service, 'the service')
     await waitFor(`http://127.0.0.1:${barePort}/health`, bare, 'the bare node:http server')
@@ -505,7 +587,15 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
     const pids: Record<string, number | undefined> = { bare: bare.pid, 'bare-headers': bareHeaders.pid, fastify: fastify.pid }
     console.log(`\nscale ${scale}: ${database}, ${Object.entries(marker.counts).map(([table, n]) => `${formatInt(n)} ${table}`).join(', ')}; service log in ${logFile}`)
 
-    const urlOf = (endpoint: Endpoint) => `http://127.0.0.1:${ports[endpoint.key] ?? servicePort}${endpoint.path(marker.targets)}`
+    const urlOf = (endpoint: Endpoint, targets = marker.targets) => `http://127.0.0.1:${ports[endpoint.key] ?? servicePort}${endpoint.path(targets)}`
+    /** The targets each endpoint is read with: the bench's, or for a spread endpoint one variant per run it goes round. */
+    const variants = new Map<string, Targets[]>()
+    for (const endpoint of measured) {
+      const spread = endpoint.spread
+      variants.set(endpoint.key, spread === undefined
+        ? [marker.targets]
+        : (await runsLike(url, marker.targets[spread])).map((run) => ({ ...marker.targets, [spread]: run })))
+    }
     const pidOf = (endpoint: Endpoint) => endpoint.key in pids ? pids[endpoint.key] : service.pid
     const bytes = new Map<string, number>()
     /** The headers each endpoint is requested with: a revalidation sends the tag of the body it revalidates. */
@@ -521,25 +611,33 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
         continue
       }
       // Every body first: it must be right before its speed means anything.
-      const res = await fetch(urlOf(endpoint))
-      const text = await res.text()
-      if (res.status !== 200) throw new Error(`${endpoint.label}: ${urlOf(endpoint)} answered ${res.status}: ${text.slice(0, 300)}`)
-      const body = JSON.parse(text)
-      if (endpoint.schema !== undefined) {
-        const validate = ajv.getSchema(endpoint.schema)!
-        if (!validate(body)) throw new Error(`${endpoint.label}: the body does not match ${endpoint.schema}: ${JSON.stringify(validate.errors).slice(0, 500)}`)
-      }
-      const problem = endpoint.check?.(body)
-      if (problem !== undefined) throw new Error(`${endpoint.label}: ${problem}`)
-      for (const floor of [endpoint.floor, endpoint.floor?.bodyAlone]) {
-        if (floor !== undefined && await floorBody(url, floor, marker.targets) !== text) {
-          throw new Error(`${endpoint.label}: bench/sql/${floor.file} does not return the body the service sends`)
+      const sizes: number[] = []
+      for (const targets of variants.get(endpoint.key)!) {
+        const res = await fetch(urlOf(endpoint, targets))
+        const text = await res.text()
+        if (res.status !== 200) throw new Error(`${endpoint.label}: ${urlOf(endpoint, targets)} answered ${res.status}: ${text.slice(0, 300)}`)
+        const body = JSON.parse(text)
+        if (endpoint.schema !== undefined) {
+          const validate = ajv.getSchema(endpoint.schema)!
+          if (!validate(body)) throw new Error(`${endpoint.label}: the body does not match ${endpoint.schema}: ${JSON.stringify(validate.errors).slice(0, 500)}`)
         }
+        const problem = endpoint.check?.(body)
+        if (problem !== undefined) throw new Error(`${endpoint.label}: ${problem}`)
+        for (const floor of [endpoint.floor, endpoint.floor?.bodyAlone]) {
+          if (floor !== undefined && await floorBody(url, floor, targets) !== text) {
+            throw new Error(`${endpoint.label}: bench/sql/${floor.file} does not return the body the service sends`)
+          }
+        }
+        sizes.push(Buffer.byteLength(text))
       }
-      bytes.set(endpoint.key, Buffer.byteLength(text))
+      // A spread endpoint's: the mean of its runs'.
+      bytes.set(endpoint.key, Math.round(sizes.reduce((sum, size) => sum + size, 0) / sizes.length))
     }
     const wire = new Map<string, number>()
-    for (const endpoint of measured) wire.set(endpoint.key, await wireBytes(urlOf(endpoint), requestHeaders.get(endpoint.key)))
+    for (const endpoint of measured) {
+      const all = await Promise.all(variants.get(endpoint.key)!.map((targets) => wireBytes(urlOf(endpoint, targets), requestHeaders.get(endpoint.key))))
+      wire.set(endpoint.key, Math.round(all.reduce((sum, size) => sum + size, 0) / all.length))
+    }
 
     // What is compared is measured in alternating rounds, so that a change of the machine's
     // load meanwhile falls on both sides: the HTTP floors with getHealth, each read with its
@@ -548,20 +646,33 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
     const framework = measured.filter((endpoint) => FRAMEWORK.has(endpoint.key))
     if (framework.length > 0) groups.push(framework.map((endpoint) => ({ key: endpoint.key, run: (duration) => httpRun(urlOf(endpoint), duration, pidOf(endpoint)) })))
     for (const endpoint of measured.filter((candidate) => !FRAMEWORK.has(candidate.key) && candidate.revalidates === undefined)) {
-      const members = [{ key: endpoint.key, run: (duration: number) => httpRun(urlOf(endpoint), duration, service.pid) }]
+      const spreadRuns = endpoint.spread === undefined ? undefined : variants.get(endpoint.key)!.map((targets) => targets[endpoint.spread!])
+      const script = spreadRuns === undefined ? undefined : roundRobinScript(spreadDir, spreadRuns.map((run) => endpoint.path({ ...marker.targets, [endpoint.spread!]: run })))
+      const members = [{
+        key: endpoint.key,
+        run: (duration: number) => script === undefined ? httpRun(urlOf(endpoint), duration, service.pid) : wrkRun(urlOf(endpoint), duration, service.pid, {}, script)
+      }]
       // Its revalidation, in the same rounds: 304 against 200 of the same read.
       for (const revalidation of measured.filter((candidate) => candidate.revalidates === endpoint.key)) {
         members.push({ key: revalidation.key, run: (duration: number) => httpRun(urlOf(revalidation), duration, service.pid, requestHeaders.get(revalidation.key)) })
       }
       const floor = endpoint.floor
-      if (floor !== undefined) members.push({ key: `${endpoint.key} floor`, run: (duration: number) => pgbenchRun(url, floor, marker.targets, duration) })
+      const spreadFiles = (script: FloorScript) => spreadRuns === undefined ? undefined : spreadFloorFiles(spreadDir, script, spreadRuns)
+      if (floor !== undefined) {
+        const files = spreadFiles(floor)
+        members.push({ key: `${endpoint.key} floor`, run: (duration: number) => pgbenchRun(url, floor, marker.targets, duration, files) })
+      }
       const bodyAlone = floor?.bodyAlone
-      if (bodyAlone !== undefined) members.push({ key: `${endpoint.key} body alone`, run: (duration: number) => pgbenchRun(url, bodyAlone, marker.targets, duration) })
+      if (bodyAlone !== undefined) {
+        const files = spreadFiles(bodyAlone)
+        members.push({ key: `${endpoint.key} body alone`, run: (duration: number) => pgbenchRun(url, bodyAlone, marker.targets, duration, files) })
+      }
       groups.push(members)
     }
     const samples = new Map<string, Sample[]>()
     for (const group of groups) {
       for (const member of group) await member.run(warmup)
+      const readsBefore = await readsOf(servicePort)
       for (let round = 0; round < rounds; round++) {
         for (const member of group) samples.set(member.key, [...(samples.get(member.key) ?? []), await member.run(roundSeconds)])
       }
@@ -580,16 +691,24 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
           ...(bodyAloneSamples === undefined ? {} : { bodyAlone: combine(bodyAloneSamples) })
         }
         rows.push(row)
+        if (member === group[0] && !FRAMEWORK.has(member.key)) {
+          const reads = await readsOf(servicePort)
+          const own = reads.own - readsBefore.own
+          const shared = reads.shared - readsBefore.shared
+          row.sharedReads = shared / (own + shared)
+        }
         const failures = http.failures + (row.floor?.failures ?? 0) + (row.bodyAlone?.failures ?? 0)
         console.log(`  ${endpoint.label.padEnd(38)} ${formatInt(http.rps).padStart(7)} req/s  p50 ${http.p50.toFixed(2)} ms  p99 ${http.p99.toFixed(2)} ms` +
           (row.floor === undefined ? '' : `   pgbench ${formatInt(row.floor.rps).padStart(7)} tps  p50 ${row.floor.p50.toFixed(2)} ms`) +
           (row.bodyAlone === undefined ? '' : `   body alone ${formatInt(row.bodyAlone.rps).padStart(7)} tps`) +
+          (row.sharedReads === undefined ? '' : `   sharing a statement ${(row.sharedReads * 100).toFixed(1)} %`) +
           (failures > 0 ? `   FAILURES: ${failures}` : ''))
       }
     }
   } finally {
     await Promise.all([stop(service), stop(bare), stop(fastify), ...(bareHeaders === undefined ? [] : [stop(bareHeaders)])])
     closeSync(logFd)
+    rmSync(spreadDir, { recursive: true, force: true })
   }
   return { marker, rows }
 }
@@ -610,8 +729,8 @@ function report (scale: ScaleName, rows: Row[]): string[] {
   const bare = byKey.get('bare')
   console.log(`\n### Scale ${scale}: ${formatInt(SCALES[scale].runs)} runs, ${formatInt(SCALES[scale].tasks)} tasks, ${formatInt(SCALES[scale].events)} events\n`)
   console.log(table(
-    ['endpoint', 'body bytes', 'wire bytes', 'req/s', 'p50 ms', 'p99 ms', '× getHealth', 'CPU µs/req: service', 'client', 'busy cores', 'pgbench tps', 'pgbench p50 ms', 'busy cores', '× pgbench', 'body alone: tps', '×'],
-    rows.map(({ endpoint, bytes, wire, http, floor, bodyAlone }) => [
+    ['endpoint', 'body bytes', 'wire bytes', 'req/s', 'p50 ms', 'p99 ms', '× getHealth', 'CPU µs/req: service', 'client', 'busy cores', 'pgbench tps', 'pgbench p50 ms', 'busy cores', '× pgbench', 'body alone: tps', '×', 'reads sharing a statement'],
+    rows.map(({ endpoint, bytes, wire, http, floor, bodyAlone, sharedReads }) => [
       endpoint.label,
       formatInt(bytes),
       formatInt(wire),
@@ -627,7 +746,8 @@ function report (scale: ScaleName, rows: Row[]): string[] {
       floor === undefined ? '' : fixed(floor.cpu.machine * cpus().length, 1),
       floor === undefined ? '' : fixed(http.rps / floor.rps),
       bodyAlone === undefined ? '' : formatInt(bodyAlone.rps),
-      bodyAlone === undefined ? '' : fixed(http.rps / bodyAlone.rps)
+      bodyAlone === undefined ? '' : fixed(http.rps / bodyAlone.rps),
+      sharedReads === undefined ? '' : `${(sharedReads * 100).toFixed(1)} %`
     ])
   ))
   const targets: string[] = []
