@@ -184,15 +184,18 @@ const ENDPOINTS: Endpoint[] = [
 const FRAMEWORK = new Set(['bare', 'bare-headers', 'fastify', 'health'])
 
 const only = args.only === undefined ? undefined : new Set(args.only.split(','))
-const measured = ENDPOINTS.filter((endpoint) => only === undefined || only.has(endpoint.key))
-if (only !== undefined && measured.length !== only.size) {
+if (only !== undefined && !Array.from(only).every((key) => ENDPOINTS.some((endpoint) => endpoint.key === key))) {
   console.error(USAGE)
   process.exit(2)
 }
-if (client !== 'wrk' && measured.some((endpoint) => endpoint.spread !== undefined)) {
-  console.error(`${measured.filter((endpoint) => endpoint.spread !== undefined).map((endpoint) => endpoint.key).join(', ')}: needs wrk (Debian's wrk package); leave it out with --only`)
+// A spread read needs wrk's scripts: asked for by name, it is an error without wrk; otherwise it is left out, and said so.
+const spreadWithoutWrk = client === 'wrk' ? [] : ENDPOINTS.filter((endpoint) => endpoint.spread !== undefined && (only === undefined || only.has(endpoint.key)))
+if (only !== undefined && spreadWithoutWrk.length > 0) {
+  console.error(`${spreadWithoutWrk.map((endpoint) => endpoint.key).join(', ')}: needs wrk (Debian's wrk package)`)
   process.exit(2)
 }
+if (spreadWithoutWrk.length > 0) console.log(`bench: no wrk, so ${spreadWithoutWrk.map((endpoint) => endpoint.key).join(', ')} is left out (it needs wrk's scripts)`)
+const measured = ENDPOINTS.filter((endpoint) => (only === undefined || only.has(endpoint.key)) && !spreadWithoutWrk.includes(endpoint))
 
 const ajv = new Ajv2019({ allErrors: true, strict: false })
 addFormats.default(ajv)
