@@ -129,7 +129,13 @@ export function queryRow<Row extends pg.QueryResultRow, Args extends unknown[]> 
   return gatheringOf(pool).read<Row>(statement as Statement<unknown[]>, statement.values(args))
 }
 
+/** The statement's first row, frozen: the reads that shared it all hold it. */
 async function execute<Row extends pg.QueryResultRow> (pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[]): Promise<Row | undefined> {
+  const row = await firstRow<Row>(pool, statement, values)
+  return row === undefined ? undefined : Object.freeze(row)
+}
+
+async function firstRow<Row extends pg.QueryResultRow> (pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[]): Promise<Row | undefined> {
   const client = await pool.connect()
   try {
     if (!sharedSessions.has(client)) {

@@ -71,6 +71,7 @@ t.test('identical reads arriving together share one statement, and its row', asy
     queryRow(pool, countAfterSleep, 'apart', 0)
   ])
   t.equal(first, second, 'the same row: one statement ran for both')
+  t.ok(Object.isFrozen(first), 'frozen: no read can change it under another')
   t.same(first, { rows: '1', at: first?.at, slept: '' })
   t.not(other?.at, first?.at, 'other arguments, a statement of their own')
   t.same(readCounts(pool), { reads: before.reads + 3, shared: before.shared + 1 })
