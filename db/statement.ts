@@ -70,11 +70,12 @@ export interface ReadCounts {
 }
 
 /**
- * Identical reads arriving together share one statement. Reads of the same
- * statement with the same arguments that reach queryRow in the same turn
- * of the event loop (a live UI's viewers refetching a run on the same
- * event, a dashboard's panels) wait for that turn's I/O to be handled
- * (setImmediate), then run the statement once and all take its row. The
+ * Identical reads arriving together share one statement. A read waits for
+ * its turn of the event loop's I/O to be handled (setImmediate) and for a
+ * pooled connection; until its statement is sent, every read of the same
+ * statement with the same arguments that arrives (a live UI's viewers
+ * refetching a run on the same event, a dashboard's panels, a crowd
+ * queued for an exhausted pool) joins it, and all take its row. The
  * statement is sent only after every read that shares it has arrived, so
  * its snapshot is younger than each of them: every read still sees every
  * commit that came before it. A read arriving once the statement is on its
@@ -97,8 +98,7 @@ class Gathering {
       return waiting as Promise<Row | undefined>
     }
     const row = new Promise<Row | undefined>((resolve) => setImmediate(() => {
-      this.#waiting.delete(key)
-      resolve(execute<Row>(this.pool, statement, values))
+      resolve(execute<Row>(this.pool, statement, values, () => this.#waiting.delete(key)))
     }))
     this.#waiting.set(key, row)
     return row
@@ -129,14 +129,14 @@ export function queryRow<Row extends pg.QueryResultRow, Args extends unknown[]> 
   return gatheringOf(pool).read<Row>(statement as Statement<unknown[]>, statement.values(args))
 }
 
-/** The statement's first row, frozen: the reads that shared it all hold it. */
-async function execute<Row extends pg.QueryResultRow> (pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[]): Promise<Row | undefined> {
-  const row = await firstRow<Row>(pool, statement, values)
+/** The statement's first row, frozen: the reads that shared it all hold it. `closed` is called once a connection is had (or refused), before the statement is sent. */
+async function execute<Row extends pg.QueryResultRow> (pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[], closed: () => void): Promise<Row | undefined> {
+  const row = await firstRow<Row>(pool, statement, values, closed)
   return row === undefined ? undefined : Object.freeze(row)
 }
 
-async function firstRow<Row extends pg.QueryResultRow> (pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[]): Promise<Row | undefined> {
-  const client = await pool.connect()
+async function firstRow<Row extends pg.QueryResultRow> (pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[], closed: () => void): Promise<Row | undefined> {
+  const client = await pool.connect().finally(closed)
   try {
     if (!sharedSessions.has(client)) {
       try {

@@ -89,6 +89,30 @@ t.test('a read arriving once the identical statement is on its way runs its own,
   t.same((await late)?.rows, '1', 'the late read: not the early one\'s row, a snapshot after the commit')
 })
 
+t.test('identical reads waiting for a connection share the statement until it is sent', async (t) => {
+  const pool = await tablePool(t)
+  const writer = await onePool(t)
+  const holding = queryRow(pool, countAfterSleep, 'holding', 0.3) // the pool's only connection, for 0.3 s
+  await new Promise((resolve) => setTimeout(resolve, 50))
+  const before = { ...readCounts(pool) }
+  const first = queryRow(pool, countAfterSleep, 'queued', 0)
+  await new Promise((resolve) => setTimeout(resolve, 50)) // turns later: the first read waits for the connection
+  await writer.query("insert into gathered_rows values ('queued')")
+  const second = queryRow(pool, countAfterSleep, 'queued', 0)
+  const [a, b] = await Promise.all([first, second, holding])
+  t.equal(a, b, 'one statement for both')
+  t.equal(a?.rows, '1', 'sent once both had arrived: it sees the row committed between them')
+  t.same(readCounts(pool), { reads: before.reads + 2, shared: before.shared + 1 })
+})
+
+t.test('a read whose connection is refused leaves no statement behind for the next', async (t) => {
+  const pool = new pg.Pool({ connectionString: 'postgres://postgres@127.0.0.1:1/none', connectionTimeoutMillis: 2000 })
+  t.teardown(() => pool.end())
+  await t.rejects(queryRow(pool, repeat('refused'), 'ab', 1))
+  await t.rejects(queryRow(pool, repeat('refused'), 'ab', 1), 'a statement of its own, refused again')
+  t.same(readCounts(pool), { reads: 2, shared: 0 })
+})
+
 t.test('an error of a shared statement reaches every read that shared it', async (t) => {
   const pool = await onePool(t)
   const failing = repeat('shared failure')
