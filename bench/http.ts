@@ -109,6 +109,9 @@ interface Endpoint {
 /** How many runs a spread endpoint goes round. */
 const SPREAD_RUNS = 64
 
+/** Byte counts of a spread endpoint's runs (or the one of another endpoint), as one figure: their mean. */
+const meanOf = (sizes: number[]) => Math.round(sizes.reduce((sum, size) => sum + size, 0) / sizes.length)
+
 const runDetailFloor = (run: keyof Targets) => {
   const variables = (targets: Targets) => ({ ...STATEMENTS.getRunDetail!.variables(targets), run_id: targets[run] })
   return { file: STATEMENTS.getRunDetail!.file, variables, bodyAlone: { file: STATEMENTS.getRunDetail!.bodyAlone!, variables } }
@@ -425,13 +428,13 @@ end
  * its id from their list by that parameter, so it stays one prepared
  * statement per connection, as the service's is.
  */
-function spreadFloorFiles (dir: string, floor: FloorScript, runs: string[]): string[] {
+function spreadFloorFile (dir: string, floor: FloorScript, runs: string[]): string {
   const text = readFileSync(join(SQL_DIR, floor.file), 'utf8')
   if (!text.includes(':run_id')) throw new Error(`bench/sql/${floor.file}: no :run_id to spread`)
   const list = `(array[${runs.map((run) => `'${run.replaceAll("'", "''")}'`).join(', ')}]::text[])[:spread_run]`
   const file = join(dir, floor.file)
   writeFileSync(file, `\\set spread_run random(1, ${runs.length})\n${text.replaceAll(':run_id', list)}`)
-  return [file]
+  return file
 }
 
 /** Bytes on the wire of one answer (status line, headers and body, uncompressed, as the load generators ask), over a raw socket. */
@@ -449,12 +452,12 @@ function wireBytes (url: string, headers: Record<string, string> = {}): Promise<
   })
 }
 
-function pgbenchArgs (url: string, floor: FloorScript, targets: Targets, duration: number, files = [join(SQL_DIR, floor.file)]): string[] {
+function pgbenchArgs (url: string, floor: FloorScript, targets: Targets, duration: number, file = join(SQL_DIR, floor.file)): string[] {
   const parsed = new URL(url)
   const variables = floor.variables(targets)
   return [
     '-n', '-M', 'prepared', '-c', String(connections), '-j', String(pgbenchJobs), '-T', String(duration),
-    ...files.flatMap((file) => ['-f', file]),
+    '-f', file,
     ...Object.entries(variables).flatMap(([name, value]) => ['-D', `${name}=${value}`]),
     '-h', parsed.hostname, '-p', parsed.port || '5432', '-U', decodeURIComponent(parsed.username || 'postgres'),
     parsed.pathname.slice(1)
@@ -466,13 +469,13 @@ function pgbenchEnv (url: string): NodeJS.ProcessEnv {
   return password === '' ? process.env : { ...process.env, PGPASSWORD: password }
 }
 
-/** pgbench -M prepared running the floor statement; latencies from its per-transaction log. */
-async function pgbenchRun (url: string, floor: FloorScript, targets: Targets, duration: number, files?: string[]): Promise<Sample> {
+/** pgbench -M prepared running the floor statement (or `file`, a spread one); latencies from its per-transaction log. */
+async function pgbenchRun (url: string, floor: FloorScript, targets: Targets, duration: number, file?: string): Promise<Sample> {
   const logDir = mkdtempSync(join(tmpdir(), 'ocp-bench-pgbench-'))
   try {
     const meter = cpuMeter()
     const output = await new Promise<string>((resolve, reject) => {
-      const child = spawn('pgbench', [...pgbenchArgs(url, floor, targets, duration, files), '--log', `--log-prefix=${join(logDir, 'tx')}`],
+      const child = spawn('pgbench', [...pgbenchArgs(url, floor, targets, duration, file), '--log', `--log-prefix=${join(logDir, 'tx')}`],
         { env: pgbenchEnv(url), stdio: ['ignore', 'pipe', 'pipe'] })
       let text = ''
       child.stdout.on('data', (chunk) => { text += chunk })
@@ -633,13 +636,11 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
         }
         sizes.push(Buffer.byteLength(text))
       }
-      // A spread endpoint's: the mean of its runs'.
-      bytes.set(endpoint.key, Math.round(sizes.reduce((sum, size) => sum + size, 0) / sizes.length))
+      bytes.set(endpoint.key, meanOf(sizes))
     }
     const wire = new Map<string, number>()
     for (const endpoint of measured) {
-      const all = await Promise.all(variants.get(endpoint.key)!.map((targets) => wireBytes(urlOf(endpoint, targets), requestHeaders.get(endpoint.key))))
-      wire.set(endpoint.key, Math.round(all.reduce((sum, size) => sum + size, 0) / all.length))
+      wire.set(endpoint.key, meanOf(await Promise.all(variants.get(endpoint.key)!.map((targets) => wireBytes(urlOf(endpoint, targets), requestHeaders.get(endpoint.key))))))
     }
 
     // What is compared is measured in alternating rounds, so that a change of the machine's
@@ -649,8 +650,10 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
     const framework = measured.filter((endpoint) => FRAMEWORK.has(endpoint.key))
     if (framework.length > 0) groups.push(framework.map((endpoint) => ({ key: endpoint.key, run: (duration) => httpRun(urlOf(endpoint), duration, pidOf(endpoint)) })))
     for (const endpoint of measured.filter((candidate) => !FRAMEWORK.has(candidate.key) && candidate.revalidates === undefined)) {
-      const spreadRuns = endpoint.spread === undefined ? undefined : variants.get(endpoint.key)!.map((targets) => targets[endpoint.spread!])
-      const script = spreadRuns === undefined ? undefined : roundRobinScript(spreadDir, spreadRuns.map((run) => endpoint.path({ ...marker.targets, [endpoint.spread!]: run })))
+      const spread = endpoint.spread
+      const spreadTargets = spread === undefined ? undefined : variants.get(endpoint.key)!
+      const spreadRuns = spreadTargets?.map((targets) => targets[spread!])
+      const script = spreadTargets === undefined ? undefined : roundRobinScript(spreadDir, spreadTargets.map(endpoint.path))
       const members = [{
         key: endpoint.key,
         run: (duration: number) => script === undefined ? httpRun(urlOf(endpoint), duration, service.pid) : wrkRun(urlOf(endpoint), duration, service.pid, {}, script)
@@ -660,15 +663,15 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
         members.push({ key: revalidation.key, run: (duration: number) => httpRun(urlOf(revalidation), duration, service.pid, requestHeaders.get(revalidation.key)) })
       }
       const floor = endpoint.floor
-      const spreadFiles = (script: FloorScript) => spreadRuns === undefined ? undefined : spreadFloorFiles(spreadDir, script, spreadRuns)
+      const spreadFile = (script: FloorScript) => spreadRuns === undefined ? undefined : spreadFloorFile(spreadDir, script, spreadRuns)
       if (floor !== undefined) {
-        const files = spreadFiles(floor)
-        members.push({ key: `${endpoint.key} floor`, run: (duration: number) => pgbenchRun(url, floor, marker.targets, duration, files) })
+        const file = spreadFile(floor)
+        members.push({ key: `${endpoint.key} floor`, run: (duration: number) => pgbenchRun(url, floor, marker.targets, duration, file) })
       }
       const bodyAlone = floor?.bodyAlone
       if (bodyAlone !== undefined) {
-        const files = spreadFiles(bodyAlone)
-        members.push({ key: `${endpoint.key} body alone`, run: (duration: number) => pgbenchRun(url, bodyAlone, marker.targets, duration, files) })
+        const file = spreadFile(bodyAlone)
+        members.push({ key: `${endpoint.key} body alone`, run: (duration: number) => pgbenchRun(url, bodyAlone, marker.targets, duration, file) })
       }
       groups.push(members)
     }
