@@ -22,6 +22,7 @@ export const ConfigSchema = Type.Object({
   PORT: Type.Integer({ default: 8080, minimum: 0, maximum: 65535 }),
   LOG_LEVEL: Type.Enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], { default: 'info' }),
   DB_POOL_MAX: Type.Integer({ default: 10, minimum: 1, maximum: 1000 }),
+  DB_PIPELINED_CONNECTIONS: Type.Integer({ default: 4, minimum: 0, maximum: 1000, description: 'Connections that carry the API\'s reads several at a time, besides DB_POOL_MAX; 0: those reads take turns on the pool' }),
   DB_STATEMENT_TIMEOUT_MS: Type.Integer({ default: 5000, minimum: 1, maximum: 3_600_000 }),
   DB_CONNECT_TIMEOUT_MS: Type.Integer({ default: 5000, minimum: 1, maximum: 600_000 }),
   MIGRATE_ON_START: Type.Boolean({ default: true }),

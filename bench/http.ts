@@ -56,12 +56,13 @@ const { values: args } = parseArgs({
     'no-build': { type: 'boolean', default: false },
     'cpu-prof': { type: 'string' },
     'pool-max': { type: 'string' },
+    pipelined: { type: 'string' },
     rounds: { type: 'string', default: '3' },
     client: { type: 'string' },
     'log-level': { type: 'string', default: 'warn' }
   }
 })
-const USAGE = 'usage: npm run bench:http -- [--scale small|large|both] [--seconds N] [--rounds N] [--warmup N] [--client wrk|autocannon] [--connections N] [--pgbench-jobs N] [--only bare,bare-headers,fastify,health,runs,run10,run10-spread,run10-304,run200,blocked,thread] [--no-build] [--cpu-prof DIR] [--pool-max N] [--log-level warn|info]'
+const USAGE = 'usage: npm run bench:http -- [--scale small|large|both] [--seconds N] [--rounds N] [--warmup N] [--client wrk|autocannon] [--connections N] [--pgbench-jobs N] [--only bare,bare-headers,fastify,health,runs,run10,run10-spread,run10-304,run200,blocked,thread] [--no-build] [--cpu-prof DIR] [--pool-max N] [--pipelined N] [--log-level warn|info]'
 const scales = args.scale === 'both' ? ['small', 'large'] : [args.scale]
 const seconds = Number(args.seconds)
 const warmup = Number(args.warmup)
@@ -571,7 +572,8 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
       LOG_LEVEL: logLevel,
       LOG_FORMAT: 'json',
       MIGRATE_ON_START: 'false',
-      ...(args['pool-max'] === undefined ? {} : { DB_POOL_MAX: args['pool-max'] })
+      ...(args['pool-max'] === undefined ? {} : { DB_POOL_MAX: args['pool-max'] }),
+      ...(args.pipelined === undefined ? {} : { DB_PIPELINED_CONNECTIONS: args.pipelined })
     },
     stdio: ['ignore', logFd, 'inherit']
   })
@@ -805,7 +807,9 @@ async function main () {
 
   console.log(`\n## HTTP reads: ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, commit ${gitDescription()}`)
   console.log(`\nMachine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node.js ${process.version}, Postgres ${version} on loopback. ` +
-    `The service at LOG_LEVEL ${logLevel}. ${connections} connections (${client === 'wrk' ? 'wrk -t 1' : 'autocannon'}) and ${connections} clients (pgbench -M prepared -j ${pgbenchJobs}); each figure over ${rounds} × ${roundSeconds} s, ` +
+    `The service at LOG_LEVEL ${logLevel}` +
+    (args['pool-max'] === undefined ? '' : `, DB_POOL_MAX ${args['pool-max']}`) +
+    (args.pipelined === undefined ? '' : `, DB_PIPELINED_CONNECTIONS ${args.pipelined}`) + `. ${connections} connections (${client === 'wrk' ? 'wrk -t 1' : 'autocannon'}) and ${connections} clients (pgbench -M prepared -j ${pgbenchJobs}); each figure over ${rounds} × ${roundSeconds} s, ` +
     `in rounds alternating with what it is compared with (the HTTP floors with getHealth, each read with its statement in pgbench and, for the run detail, that statement without the event cursor), after ${warmup} s of warm-up. ` +
     `CPU µs/req: CPU time per request of the service (or bare server) process and of the load generator (${client}); busy cores: of the whole machine during the measurement.` +
     (client === 'wrk' ? ' Latency percentiles: wrk\'s, averaged over the rounds weighted by requests.' : ' Latencies: every response\'s, from autocannon\'s response events.'))

@@ -1,5 +1,6 @@
 import { Kysely, PostgresDialect } from 'kysely'
 import pg from 'pg'
+import { PipelinedConnections } from './pipeline.js'
 import type { Database, Db } from './schema.js'
 
 export interface ReadPoolOptions {
@@ -11,6 +12,20 @@ export interface ReadPoolOptions {
   /** Limit on opening a connection and on waiting for a free one. */
   connectTimeoutMs: number
   applicationName?: string
+  /** Connections that carry the API's reads several at a time (db/pipeline.ts), besides `max`; 0: those reads take turns on the pool's. */
+  pipelined: number
+}
+
+/** The read pool, and the pipelined connections (if any) that the API's one-statement reads go to (db/statement.ts). */
+export class ReadPool extends pg.Pool {
+  constructor (config: pg.PoolConfig, readonly pipeline?: PipelinedConnections) {
+    super(config)
+  }
+
+  /** Ends the pipelined connections with the pool. */
+  override async end (): Promise<void> {
+    await Promise.all([this.pipeline?.end(), super.end()])
+  }
 }
 
 /** Extra time the client waits beyond the server's statement timeout before giving up on a silent server. */
@@ -28,12 +43,10 @@ const CLIENT_TIMEOUT_MARGIN_MS = 1000
  * poller's read, whose 2 ms then took 25 ms more to compile
  * (BENCHMARKS.md, "Holes").
  */
-export function createReadPool (options: ReadPoolOptions): pg.Pool {
-  const pool = new pg.Pool({
+export function createReadPool (options: ReadPoolOptions): ReadPool {
+  const connection: pg.ClientConfig = {
     connectionString: options.connectionString,
-    max: options.max,
     connectionTimeoutMillis: options.connectTimeoutMs,
-    idleTimeoutMillis: 30_000,
     query_timeout: options.statementTimeoutMs + CLIENT_TIMEOUT_MARGIN_MS,
     keepAlive: true,
     application_name: options.applicationName ?? 'ocp-api',
@@ -44,7 +57,9 @@ export function createReadPool (options: ReadPoolOptions): pg.Pool {
       '-c TimeZone=UTC',
       '-c jit=off'
     ].join(' ')
-  })
+  }
+  const pipeline = options.pipelined > 0 ? new PipelinedConnections(connection, options.pipelined) : undefined
+  const pool = new ReadPool({ ...connection, max: options.max, idleTimeoutMillis: 30_000 }, pipeline)
   // pg-pool listens for errors only on idle clients: a connection that dies
   // while checked out (a server crash mid-query) would emit an unhandled
   // 'error' and take the process down. The failing query rejects anyway,

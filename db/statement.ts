@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto'
 import { DummyDriver, Kysely, PostgresAdapter, PostgresIntrospector, PostgresQueryCompiler, type Compilable } from 'kysely'
 import type pg from 'pg'
+import { ReadPool } from './pool.js'
 import type { Database, Db } from './schema.js'
 
 /*
@@ -61,7 +62,7 @@ const DUPLICATE_PREPARED_STATEMENT = '42P05'
  * statements unnamed. (The embedded database's bridge gives each connection
  * names of its own, as a server does.)
  */
-const sharedSessions = new WeakSet<pg.PoolClient>()
+const sharedSessions = new WeakSet<pg.ClientBase>()
 
 /** Reads asked of one pool through queryRow, and how many of them shared another read's statement. */
 export interface ReadCounts {
@@ -136,18 +137,26 @@ async function execute<Row extends pg.QueryResultRow> (pool: pg.Pool, statement:
 }
 
 async function firstRow<Row extends pg.QueryResultRow> (pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[], closed: () => void): Promise<Row | undefined> {
+  if (pool instanceof ReadPool && pool.pipeline !== undefined) {
+    return await pool.pipeline.run((client) => rowOf<Row>(client, statement, values), closed)
+  }
   const client = await pool.connect().finally(closed)
   try {
-    if (!sharedSessions.has(client)) {
-      try {
-        return (await client.query<Row>({ name: statement.name, text: statement.text, values })).rows[0]
-      } catch (err) {
-        if ((err as { code?: unknown }).code !== DUPLICATE_PREPARED_STATEMENT) throw err
-        sharedSessions.add(client)
-      }
-    }
-    return (await client.query<Row>({ text: statement.text, values })).rows[0]
+    return await rowOf<Row>(client, statement, values)
   } finally {
     client.release()
   }
+}
+
+/** The statement's first row on `client`: prepared under its name, or unnamed on a shared session. */
+async function rowOf<Row extends pg.QueryResultRow> (client: pg.ClientBase, statement: Statement<unknown[]>, values: unknown[]): Promise<Row | undefined> {
+  if (!sharedSessions.has(client)) {
+    try {
+      return (await client.query<Row>({ name: statement.name, text: statement.text, values })).rows[0]
+    } catch (err) {
+      if ((err as { code?: unknown }).code !== DUPLICATE_PREPARED_STATEMENT) throw err
+      sharedSessions.add(client)
+    }
+  }
+  return (await client.query<Row>({ text: statement.text, values })).rows[0]
 }

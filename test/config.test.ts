@@ -18,6 +18,7 @@ t.test('defaults', async (t) => {
     PORT: 8080,
     LOG_LEVEL: 'info',
     DB_POOL_MAX: 10,
+    DB_PIPELINED_CONNECTIONS: 4,
     DB_STATEMENT_TIMEOUT_MS: 5000,
     DB_CONNECT_TIMEOUT_MS: 5000,
     MIGRATE_ON_START: true,

@@ -87,7 +87,7 @@ t.test('concurrent transactions and reads never see each other half-done', async
 
 t.test('each connection keeps its own startup settings, as on a server', async (t) => {
   const database = await embedded(t)
-  const reader = createReadPool({ connectionString: database.url, max: 2, statementTimeoutMs: 5000, connectTimeoutMs: 5000 })
+  const reader = createReadPool({ connectionString: database.url, max: 2, statementTimeoutMs: 5000, connectTimeoutMs: 5000, pipelined: 0 })
   const writer = new pg.Pool({ connectionString: database.url, max: 2 })
   t.teardown(async () => { await reader.end(); await writer.end() })
   await writer.query('create table notes (body text)')
@@ -141,6 +141,17 @@ t.test('prepared statements: each connection has its own names, dropped when it 
   t.equal(await count(), 2)
   await first.end()
   await waitUntil(async () => await count() === 1, 'the first connection\'s statement to go', 20_000)
+  // Cut without a Terminate while another connection holds the backend (a transaction): its statements go at its turn.
+  const cut = new pg.Client({ connectionString: database.url })
+  cut.on('error', () => {})
+  await cut.connect()
+  await cut.query({ name: 'cut', text: 'select 1' })
+  t.equal(await count(), 2)
+  await second.query('begin')
+  ;(cut as unknown as { connection: { stream: { destroy: () => void } } }).connection.stream.destroy()
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  await second.query('rollback')
+  await waitUntil(async () => await count() === 1, 'the cut connection\'s statement to go', 20_000)
   await second.query('begin')
   const closing = second.query({ name: 'other', text: 'select 1' }).then(() => second.end())
   await closing

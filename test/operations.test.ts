@@ -103,6 +103,8 @@ t.test('/metrics: requests by route and status, the pool, streams, the poller', 
   t.match(text, /db_pool_connections\{state="total"\} \d/)
   t.match(text, /db_pool_connections\{state="idle"\} \d/)
   t.match(text, /db_pool_connections\{state="waiting"\} 0/)
+  t.match(text, /db_pipelined_connections\{state="open"\} [1-4]\n/, "the API's reads went to pipelined connections")
+  t.match(text, /db_pipelined_connections\{state="in_flight"\} 0\n/)
   t.match(text, /db_reads_total\{statement="own"\} 5\n/, 'the list twice, the run, the unknown run, the run read twice at once')
   t.match(text, /db_reads_total\{statement="shared"\} 1\n/, 'the second of the two arriving together')
   t.match(text, /event_streams_open 0/)

@@ -1,8 +1,7 @@
 import fp from 'fastify-plugin'
 import type { FastifyInstance } from 'fastify'
-import type pg from 'pg'
 import { startEmbeddedPostgres } from '../../db/embedded.js'
-import { createDb, createReadPool, isHotStandby } from '../../db/pool.js'
+import { createDb, createReadPool, isHotStandby, type ReadPool } from '../../db/pool.js'
 import type { Db } from '../../db/schema.js'
 
 declare module 'fastify' {
@@ -14,11 +13,13 @@ declare module 'fastify' {
      */
     db: Db
     /**
-     * The same connections as a pg.Pool: for the API's body-building reads,
-     * each a statement prepared once at start (db/queries.ts, on
-     * db/statement.ts); a new JSON read goes there. Also the pool's gauges.
+     * The same pool as a pg.Pool, with the pipelined connections
+     * (DB_PIPELINED_CONNECTIONS, db/pipeline.ts) that the API's
+     * body-building reads go to, each a statement prepared once at start
+     * (db/queries.ts, on db/statement.ts); a new JSON read goes there.
+     * Also the gauges of both.
      */
-    dbPool: pg.Pool
+    dbPool: ReadPool
     /** Where migrations go: DATABASE_URL, or the embedded database's loopback URL. */
     databaseUrl: string
     /** Where every read goes, HTTP and stream: DATABASE_READ_URL, else `databaseUrl`. */
@@ -57,6 +58,7 @@ export default fp(async function dbPlugin (app) {
   const pool = createReadPool({
     connectionString: readDatabaseUrl,
     max: config.DB_POOL_MAX,
+    pipelined: config.DB_PIPELINED_CONNECTIONS,
     statementTimeoutMs: config.DB_STATEMENT_TIMEOUT_MS,
     connectTimeoutMs: config.DB_CONNECT_TIMEOUT_MS
   })

@@ -34,6 +34,16 @@ export default fp(async function metricsPlugin (app) {
       this.set({ state: 'waiting' }, dbPool.waitingCount)
     }
   })
+  new Gauge({ // eslint-disable-line no-new
+    name: 'db_pipelined_connections',
+    help: 'Connections carrying the API\'s reads several at a time (DB_PIPELINED_CONNECTIONS): open, and statements in flight on them',
+    labelNames: ['state'] as const,
+    registers,
+    collect () {
+      this.set({ state: 'open' }, dbPool.pipeline?.openCount ?? 0)
+      this.set({ state: 'in_flight' }, dbPool.pipeline?.inFlightCount ?? 0)
+    }
+  })
   new Counter({ // eslint-disable-line no-new
     name: 'db_reads_total',
     help: 'Reads of the API run as a database statement: those that ran their own, and those that shared the statement of an identical read arriving with them',

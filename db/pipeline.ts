@@ -1,0 +1,111 @@
+import pg from 'pg'
+
+/*
+ * Why the API's reads share a few connections rather than take turns on
+ * the pool's: a pooled connection carries one statement at a time, so
+ * each read waits for its round trip before the next can use it, and
+ * every read wakes a Postgres backend of its own. In pg's pipeline mode a
+ * connection carries several statements at once (each with its own Sync,
+ * so one that fails fails alone), and a backend answers those that
+ * queued while it worked without going back to sleep. Measured on two
+ * cores (BENCHMARKS.md, "A small run detail"): about a fifth more reads a
+ * second, and a p99 a sixth of the pool's.
+ *
+ * The price is head-of-line waiting: a statement queued behind a slow one
+ * on the same connection waits for it. Each read goes to the connection
+ * with the fewest statements in flight, and another connection is opened
+ * while every open one is busy, up to `size`; the reads sent here are the
+ * API's one-statement bodies (db/queries.ts), each bounded by a page size
+ * and by the server's statement timeout.
+ */
+
+/** One connection in pipeline mode, and how many statements it has in flight. */
+class PipelinedConnection {
+  inFlight = 0
+  readonly client: pg.Client
+  readonly ready: Promise<void>
+
+  constructor (config: pg.ClientConfig, dropped: (connection: PipelinedConnection) => void) {
+    this.client = new pg.Client({ ...config, pipeline: true })
+    // A connection lost with statements in flight fails them (they answer
+    // 503); this listener keeps the process up and the connection out of use.
+    this.client.on('error', () => dropped(this))
+    this.client.on('end', () => dropped(this))
+    this.ready = this.client.connect().then(() => {}, (err: unknown) => {
+      dropped(this)
+      throw err
+    })
+  }
+}
+
+export class PipelinedConnections {
+  readonly #open: PipelinedConnection[] = []
+  #ended = false
+
+  /** `config` as a pooled connection's (db/pool.ts); at most `size` connections. */
+  constructor (readonly config: pg.ClientConfig, readonly size: number) {}
+
+  /** Connections open or opening. */
+  get openCount (): number {
+    return this.#open.length
+  }
+
+  /** Statements sent and not yet answered, on every connection. */
+  get inFlightCount (): number {
+    return this.#open.reduce((sum, connection) => sum + connection.inFlight, 0)
+  }
+
+  /**
+   * Runs `use` on the least busy connection once it is connected; `sent` is
+   * called just before (or when the connection is refused), when whatever
+   * `use` sends first goes out on the wire.
+   */
+  async run<T> (use: (client: pg.Client) => Promise<T>, sent: () => void): Promise<T> {
+    if (this.#ended) {
+      sent()
+      throw new Error('Cannot use a pool after calling end on the pool')
+    }
+    const connection = this.#leastBusy()
+    connection.inFlight++
+    try {
+      await connection.ready.finally(sent)
+      return await use(connection.client).catch((err: unknown) => {
+        // A session survives an error of a statement (severity ERROR); any
+        // other failure (FATAL, a connection lost or timed out) ends it, and
+        // its 'end' may come after the next read would have gone to it.
+        if (!(err instanceof pg.DatabaseError && err.severity === 'ERROR')) this.#retire(connection)
+        throw err
+      })
+    } finally {
+      connection.inFlight--
+    }
+  }
+
+  /** Closes every connection, once what each has in flight is answered. */
+  async end (): Promise<void> {
+    this.#ended = true
+    await Promise.all(this.#open.map((connection) => connection.ready.then(() => connection.client.end(), () => {})))
+  }
+
+  #leastBusy (): PipelinedConnection {
+    let least: PipelinedConnection | undefined
+    for (const connection of this.#open) {
+      if (least === undefined || connection.inFlight < least.inFlight) least = connection
+    }
+    if (least !== undefined && (least.inFlight === 0 || this.#open.length >= this.size)) return least
+    const opened = new PipelinedConnection(this.config, (dropped) => this.#drop(dropped))
+    this.#open.push(opened)
+    return opened
+  }
+
+  /** Out of use and closed: what it has in flight is answered first, if it still can be. */
+  #retire (connection: PipelinedConnection): void {
+    this.#drop(connection)
+    connection.client.end().catch(() => {})
+  }
+
+  #drop (connection: PipelinedConnection): void {
+    const index = this.#open.indexOf(connection)
+    if (index >= 0) this.#open.splice(index, 1)
+  }
+}

@@ -1,0 +1,107 @@
+import { sql } from 'kysely'
+import pg from 'pg'
+import t, { type Test } from 'tap'
+import { createReadPool, type ReadPool } from '../db/pool.js'
+import { builder, queryRow, Statement } from '../db/statement.js'
+import { isDatabaseUnavailable } from '../errors.js'
+import { build } from './helpers/app.js'
+import { needsServer, testBackend, testDatabaseUrl } from './helpers/database.js'
+
+// The API's reads go to a few connections in pg's pipeline mode (db/pipeline.ts).
+
+/** The backend that ran it, after sleeping `seconds`; `tag` keeps identical reads from sharing one statement. */
+const backendAfterSleep = new Statement(2, (tag: string, seconds: number) => builder.selectNoFrom([
+  sql<number>`pg_backend_pid()`.as('pid'),
+  sql<string>`${tag}::text`.as('tag'),
+  sql<string>`pg_sleep(${seconds}::float8)::text`.as('slept')
+]))
+
+/** The number, divided by `divisor`: a divisor of 0 fails the statement (22012). */
+const quotient = new Statement(2, (dividend: number, divisor: number) => builder.selectNoFrom([
+  sql<number>`(${dividend}::int / ${divisor}::int)`.as('value')
+]))
+
+async function pipelinedPool (t: Test, pipelined: number, connectionString?: string): Promise<ReadPool> {
+  const pool = createReadPool({ connectionString: connectionString ?? await testDatabaseUrl(), max: 1, statementTimeoutMs: 5000, connectTimeoutMs: 2000, pipelined })
+  t.teardown(() => pool.end())
+  return pool
+}
+
+t.test('reads share one connection while it keeps up; another opens only while every open one is busy, up to the number set', async (t) => {
+  const pool = await pipelinedPool(t, 2)
+  const pipeline = pool.pipeline!
+  const one = await queryRow<{ pid: number }, [string, number]>(pool, backendAfterSleep, 'a', 0)
+  const two = await queryRow<{ pid: number }, [string, number]>(pool, backendAfterSleep, 'b', 0)
+  t.equal(two?.pid, one?.pid, 'one after the other: the same connection')
+  t.equal(pipeline.openCount, 1, 'an idle service holds one')
+
+  const started = Date.now()
+  const together = await Promise.all(['c', 'd', 'e', 'f', 'g', 'h'].map((tag) => queryRow<{ pid: number }, [string, number]>(pool, backendAfterSleep, tag, 0.2)))
+  t.equal(pipeline.openCount, 2, 'six at once: two connections, no more')
+  // The embedded database's bridge serves every connection from one backend.
+  if (testBackend === 'server') t.equal(new Set(together.map((row) => row?.pid)).size, 2, 'each statement on one of the two')
+  t.ok(Date.now() - started >= 550, 'three statements after each other on each')
+  t.equal(pipeline.inFlightCount, 0, 'nothing in flight once answered')
+  t.equal(pool.totalCount, 0, 'the pool itself was not used')
+})
+
+t.test('a statement that fails, fails alone: those sent with it on the same connection are answered', async (t) => {
+  const pool = await pipelinedPool(t, 1)
+  const reads = [queryRow(pool, quotient, 6, 3), queryRow(pool, quotient, 1, 0), queryRow(pool, quotient, 8, 2)]
+  const [first, failed, third] = await Promise.allSettled(reads)
+  t.same(first, { status: 'fulfilled', value: { value: 2 } })
+  t.match(failed, { status: 'rejected', reason: { code: '22012' } })
+  t.same(third, { status: 'fulfilled', value: { value: 4 } })
+  t.same(await queryRow(pool, quotient, 9, 3), { value: 3 }, 'and the connection serves the next')
+})
+
+t.test('a connection whose session already holds a name (a shared session) runs statements unnamed', async (t) => {
+  const pool = await pipelinedPool(t, 1)
+  await pool.pipeline!.run((client) => client.query(`prepare "${quotient.name}" as select 'someone else''s' as value`), () => {})
+  t.same(await queryRow(pool, quotient, 10, 5), { value: 2 }, 'the right answer, not the name\'s holder')
+  t.same(await queryRow(pool, quotient, 12, 4), { value: 3 }, 'and from then on')
+})
+
+t.test('a connection lost with statements in flight fails them as unavailable, and the next read opens another', { skip: needsServer('a backend terminated from another session') }, async (t) => {
+  const pool = await pipelinedPool(t, 1)
+  const first = await queryRow<{ pid: number }, [string, number]>(pool, backendAfterSleep, 'before', 0)
+  const inFlight = queryRow(pool, backendAfterSleep, 'lost', 5).then(() => undefined, (err: unknown) => err)
+  const admin = new pg.Client({ connectionString: await testDatabaseUrl() })
+  await admin.connect()
+  t.teardown(() => admin.end())
+  await admin.query('select pg_terminate_backend($1)', [first!.pid])
+  t.ok(isDatabaseUnavailable(await inFlight), 'the read answers 503')
+  t.equal(pool.pipeline!.openCount, 0, 'the lost connection is out of use')
+  const after = await queryRow<{ pid: number }, [string, number]>(pool, backendAfterSleep, 'after', 0)
+  t.not(after?.pid, first!.pid, 'another connection')
+})
+
+t.test('a refused connection fails the read as unavailable and leaves nothing open', async (t) => {
+  const pool = await pipelinedPool(t, 2, 'postgres://postgres@127.0.0.1:1/none')
+  for (const attempt of ['first', 'again']) {
+    const err = await queryRow(pool, quotient, 1, 1).then(() => undefined, (err: unknown) => err)
+    t.ok(isDatabaseUnavailable(err), `${attempt}: unavailable`)
+    t.equal(pool.pipeline!.openCount, 0)
+  }
+})
+
+t.test('ending answers what is in flight, then refuses reads as unavailable', async (t) => {
+  const pool = createReadPool({ connectionString: await testDatabaseUrl(), max: 1, statementTimeoutMs: 5000, connectTimeoutMs: 2000, pipelined: 1 })
+  const inFlight = queryRow(pool, backendAfterSleep, 'last', 0.2)
+  await new Promise((resolve) => setTimeout(resolve, 50))
+  await pool.end()
+  t.match(await inFlight, { tag: 'last' }, 'the read in flight is answered')
+  const err = await queryRow(pool, quotient, 1, 1).then(() => undefined, (err: unknown) => err)
+  t.ok(isDatabaseUnavailable(err), 'a read after the end answers 503')
+  await pool.pipeline!.end()
+  t.equal(pool.pipeline!.openCount, 0)
+})
+
+t.test('DB_PIPELINED_CONNECTIONS=0: the API\'s reads take turns on the pool', async (t) => {
+  const app = await build(t, { DB_PIPELINED_CONNECTIONS: 0 })
+  t.equal(app.dbPool.pipeline, undefined)
+  t.equal((await app.inject('/api/runs/none')).statusCode, 404)
+  const metrics = (await app.inject('/metrics')).body
+  t.match(metrics, /db_pipelined_connections\{state="open"\} 0\n/)
+  t.match(metrics, /db_reads_total\{statement="own"\} 1\n/)
+})
