@@ -14,14 +14,21 @@ import pg from 'pg'
  * The price is head-of-line waiting: a statement queued behind a slow one
  * on the same connection waits for it. Each read goes to the connection
  * with the fewest statements in flight, and another connection is opened
- * while every open one is busy, up to `size`; the reads sent here are the
- * API's one-statement bodies (db/queries.ts), each bounded by a page size
- * and by the server's statement timeout.
+ * while every open one is busy, up to `size`. A connection that has not
+ * answered for STALLED_MS while it has statements in flight is behind a
+ * slow one, and gets no more while another can take them. The reads sent
+ * here are the API's one-statement bodies (db/queries.ts), each bounded
+ * by a page size and by the server's statement timeout.
  */
+
+/** How long a connection with statements in flight may go without answering one before it counts as behind a slow statement. */
+export const STALLED_MS = 50
 
 /** One connection in pipeline mode, and how many statements it has in flight. */
 class PipelinedConnection {
   inFlight = 0
+  /** When it last answered a statement or, idle, was given one (performance.now()). */
+  movedAt = 0
   readonly client: pg.Client
   readonly ready: Promise<void>
 
@@ -65,8 +72,9 @@ export class PipelinedConnections {
       sent()
       throw new Error('Cannot use a pool after calling end on the pool')
     }
-    const connection = this.#leastBusy()
-    connection.inFlight++
+    const now = performance.now()
+    const connection = this.#leastBusy(now)
+    if (connection.inFlight++ === 0) connection.movedAt = now
     try {
       await connection.ready.finally(sent)
       return await use(connection.client).catch((err: unknown) => {
@@ -78,6 +86,7 @@ export class PipelinedConnections {
       })
     } finally {
       connection.inFlight--
+      connection.movedAt = performance.now()
     }
   }
 
@@ -87,12 +96,22 @@ export class PipelinedConnections {
     await Promise.all(this.#open.map((connection) => connection.ready.then(() => connection.client.end(), () => {})))
   }
 
-  #leastBusy (): PipelinedConnection {
+  /**
+   * The open connection with the fewest statements in flight, leaving out
+   * those behind a slow statement; a new one while each is busy and there
+   * is room; with no room and every one stalled, the one that last moved.
+   */
+  #leastBusy (now: number): PipelinedConnection {
     let least: PipelinedConnection | undefined
+    let latest: PipelinedConnection | undefined
     for (const connection of this.#open) {
+      if (latest === undefined || connection.movedAt > latest.movedAt) latest = connection
+      if (connection.inFlight > 0 && now - connection.movedAt > STALLED_MS) continue
       if (least === undefined || connection.inFlight < least.inFlight) least = connection
     }
-    if (least !== undefined && (least.inFlight === 0 || this.#open.length >= this.size)) return least
+    const full = this.#open.length >= this.size
+    if (least !== undefined && (least.inFlight === 0 || full)) return least
+    if (full) return latest!
     const opened = new PipelinedConnection(this.config, (dropped) => this.#drop(dropped))
     this.#open.push(opened)
     return opened

@@ -1,6 +1,7 @@
 import { sql } from 'kysely'
 import pg from 'pg'
 import t, { type Test } from 'tap'
+import { STALLED_MS } from '../db/pipeline.js'
 import { createReadPool, type ReadPool } from '../db/pool.js'
 import { builder, queryRow, Statement } from '../db/statement.js'
 import { isDatabaseUnavailable } from '../errors.js'
@@ -43,6 +44,33 @@ t.test('reads share one connection while it keeps up; another opens only while e
   t.ok(Date.now() - started >= 550, 'three statements after each other on each')
   t.equal(pipeline.inFlightCount, 0, 'nothing in flight once answered')
   t.equal(pool.totalCount, 0, 'the pool itself was not used')
+})
+
+t.test('a connection behind a slow statement gets no more reads while another can take them', async (t) => {
+  const pool = await pipelinedPool(t, 2)
+  const warm = await Promise.all(['w1', 'w2'].map((tag) => queryRow<{ pid: number }, [string, number]>(pool, backendAfterSleep, tag, 0.05)))
+  t.equal(pool.pipeline!.openCount, 2)
+  let slowDone = false
+  const slow = queryRow<{ pid: number }, [string, number]>(pool, backendAfterSleep, 'slow', 1).then((row) => { slowDone = true; return row })
+  await new Promise((resolve) => setTimeout(resolve, STALLED_MS + 100))
+  const fast = await Promise.all(['f1', 'f2', 'f3', 'f4'].map((tag) => queryRow<{ pid: number }, [string, number]>(pool, backendAfterSleep, tag, 0)))
+  const answeredFirst = !slowDone
+  const slowPid = (await slow)?.pid
+  // The embedded database's one backend runs every statement in turn.
+  if (testBackend === 'server') {
+    t.ok(answeredFirst, 'the fast reads were answered while the slow one ran')
+    t.same(new Set(warm.map((row) => row?.pid)).size, 2)
+    t.notOk(fast.some((row) => row?.pid === slowPid), 'none went behind it')
+  }
+})
+
+t.test('with no room for another connection, a read goes behind the slow statement rather than fail', async (t) => {
+  const pool = await pipelinedPool(t, 1)
+  const slow = queryRow(pool, backendAfterSleep, 'slow', 0.3)
+  await new Promise((resolve) => setTimeout(resolve, STALLED_MS + 50))
+  t.match(await queryRow(pool, backendAfterSleep, 'behind', 0), { tag: 'behind' })
+  t.match(await slow, { tag: 'slow' })
+  t.equal(pool.pipeline!.openCount, 1)
 })
 
 t.test('a statement that fails, fails alone: those sent with it on the same connection are answered', async (t) => {
