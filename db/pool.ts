@@ -28,6 +28,9 @@ export class ReadPool extends pg.Pool {
   }
 }
 
+/** How long a connection stays open unused. */
+const IDLE_MS = 30_000
+
 /** Extra time the client waits beyond the server's statement timeout before giving up on a silent server. */
 const CLIENT_TIMEOUT_MARGIN_MS = 1000
 
@@ -58,8 +61,8 @@ export function createReadPool (options: ReadPoolOptions): ReadPool {
       '-c jit=off'
     ].join(' ')
   }
-  const pipeline = options.pipelined > 0 ? new PipelinedConnections(connection, options.pipelined) : undefined
-  const pool = new ReadPool({ ...connection, max: options.max, idleTimeoutMillis: 30_000 }, pipeline)
+  const pipeline = options.pipelined > 0 ? new PipelinedConnections(connection, options.pipelined, IDLE_MS) : undefined
+  const pool = new ReadPool({ ...connection, max: options.max, idleTimeoutMillis: IDLE_MS }, pipeline)
   // pg-pool listens for errors only on idle clients: a connection that dies
   // while checked out (a server crash mid-query) would emit an unhandled
   // 'error' and take the process down. The failing query rejects anyway,

@@ -1,8 +1,8 @@
 import { sql } from 'kysely'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { STALLED_MS } from '../db/pipeline.js'
-import { createReadPool, type ReadPool } from '../db/pool.js'
+import { PipelinedConnections, STALLED_MS } from '../db/pipeline.js'
+import { createReadPool, ReadPool } from '../db/pool.js'
 import { builder, queryRow, Statement } from '../db/statement.js'
 import { isDatabaseUnavailable } from '../errors.js'
 import { build } from './helpers/app.js'
@@ -71,6 +71,23 @@ t.test('with no room for another connection, a read goes behind the slow stateme
   t.match(await queryRow(pool, backendAfterSleep, 'behind', 0), { tag: 'behind' })
   t.match(await slow, { tag: 'slow' })
   t.equal(pool.pipeline!.openCount, 1)
+})
+
+t.test('a connection idle for a while is closed, and the next read opens another', async (t) => {
+  const url = await testDatabaseUrl()
+  const pipeline = new PipelinedConnections({ connectionString: url }, 2, 200)
+  const pool = new ReadPool({ connectionString: url, max: 1 }, pipeline)
+  t.teardown(() => pool.end())
+  const busy = queryRow(pool, backendAfterSleep, 'busy', 0.4)
+  await new Promise((resolve) => setTimeout(resolve, 300))
+  t.equal(pipeline.openCount, 1, 'busy past the idle time: kept')
+  t.match(await busy, { tag: 'busy' })
+  const closing = Date.now()
+  while (pipeline.openCount > 0 && Date.now() - closing < 5000) await new Promise((resolve) => setTimeout(resolve, 20))
+  t.equal(pipeline.openCount, 0, 'closed once idle')
+  t.ok(Date.now() - closing >= 150, 'not before')
+  t.same(await queryRow(pool, quotient, 4, 2), { value: 2 }, 'a read after it opens another')
+  t.equal(pipeline.openCount, 1)
 })
 
 t.test('a statement that fails, fails alone: those sent with it on the same connection are answered', async (t) => {
