@@ -76,13 +76,13 @@ export interface ReadCounts {
  * connection (db/pipeline.ts's, or the pool's); until its statement is
  * sent, every read of the same statement with the same arguments that
  * arrives (a live UI's viewers refetching a run on the same event, a
- * dashboard's panels, a crowd queued for an exhausted pool) joins it, and all take its row. The
- * statement is sent only after every read that shares it has arrived, so
- * its snapshot is younger than each of them: every read still sees every
- * commit that came before it. A read arriving once the statement is on its
- * way starts another: joining a statement already sent could answer it
- * from a snapshot older than the read itself (a client refetching on an
- * event would not see that event's change).
+ * dashboard's panels, a crowd queued for an exhausted pool) joins it, and
+ * all take its row. The statement is sent only after every read that
+ * shares it has arrived, so its snapshot is younger than each of them:
+ * every read still sees every commit that came before it. A read arriving
+ * once the statement is on its way starts another: joining a statement
+ * already sent could answer it from a snapshot older than the read itself
+ * (a client refetching on an event would not see that event's change).
  */
 class Gathering {
   readonly counts: ReadCounts = { reads: 0, shared: 0 }
@@ -121,8 +121,9 @@ export function readCounts (pool: pg.Pool): Readonly<ReadCounts> {
 
 /**
  * The first row of a statement, run as a prepared statement on one of the
- * pool's pipelined connections (or, without them, a pooled one), shared with the identical reads that arrive with it. The row
- * may be another read's too: read it, never change it.
+ * pool's pipelined connections (or, without them, a pooled one), shared
+ * with the identical reads that arrive with it. The row may be another
+ * read's too: read it, never change it.
  */
 export function queryRow<Row extends pg.QueryResultRow, Args extends unknown[]> (
   pool: pg.Pool, statement: Statement<Args>, ...args: Args
