@@ -76,6 +76,7 @@ export class PipelinedConnections {
   async run<T> (use: (client: pg.Client) => Promise<T>, sent: () => void): Promise<T> {
     if (this.#ended) {
       sent()
+      // pg-pool's own words after its end, which errors.ts answers as 503 (poolFailureMessages).
       throw new Error('Cannot use a pool after calling end on the pool')
     }
     const now = performance.now()
