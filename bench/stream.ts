@@ -131,6 +131,10 @@ async function startService (port: number, wakeup: string): Promise<ChildProcess
 
 /** Commit time of each event, by id: taken just before COMMIT is sent (a conservative start). */
 const committedAt = new Map<number, number>()
+/** Each event's slowest delivery, by id: which events make the p99 (a fan-out held back shows as one). */
+const slowestById = new Map<number, number>()
+/** When each keep-alive frame reached the client (a keep-alive burst beside a fan-out shows here). */
+const keepAlivesAt: number[] = []
 
 interface Subscriber { received: number, close: () => void }
 
@@ -148,10 +152,15 @@ function subscribe (port: number, latencies: number[], runId: string | undefined
       const now = Date.now()
       if (!opened) { opened = true; resolve(subscriber) }
       for (const match of chunk.matchAll(/^id: (\d+)\ndata:/gm)) {
-        const sent = committedAt.get(Number(match[1]))
-        if (sent !== undefined) latencies.push(now - sent)
+        const id = Number(match[1])
+        const sent = committedAt.get(id)
+        if (sent !== undefined) {
+          latencies.push(now - sent)
+          if (now - sent > (slowestById.get(id) ?? -1)) slowestById.set(id, now - sent)
+        }
         subscriber.received++
       }
+      if (chunk.includes(': keep-alive')) keepAlivesAt.push(now)
     })
     socket.on('error', (err) => { if (!opened) reject(err) })
   })
@@ -413,8 +422,20 @@ async function measure (port: number, service: ChildProcess, size: number, floor
       `live objects: ${breakdown(forcedReports![0], baselineForced!, forcedReports![1], idleForced!, size)}`)
   }
   console.log(`    during the writing window (${((Date.now() - started) / 1000 - STATS_SETTLE_MS / 1000).toFixed(1)} s): ${pausesLine(during)}`)
+  console.log(`    ${slowestLine(started)}`)
   committedAt.clear()
+  slowestById.clear()
+  keepAlivesAt.length = 0
   return row
+}
+
+/** The round's three slowest events (when each was committed, its slowest delivery) and the keep-alives that arrived during the writing window. */
+function slowestLine (started: number): string {
+  const slowest = [...slowestById].sort((a, b) => b[1] - a[1]).slice(0, 3)
+    .map(([id, ms]) => `${ms} ms (committed at +${((committedAt.get(id)! - started) / 1000).toFixed(2)} s)`)
+  const during = keepAlivesAt.filter((at) => at >= started)
+  const span = during.length === 0 ? '' : ` between +${((during[0]! - started) / 1000).toFixed(2)} and +${((during.at(-1)! - started) / 1000).toFixed(2)} s`
+  return `slowest events' last deliveries: ${slowest.join(', ')}; keep-alives received in the window: ${during.length}${span}`
 }
 
 function summarize (results: Row[], floor: boolean): void {
