@@ -85,7 +85,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   if (config.DATABASE_READ_URL !== undefined && config.DATABASE_URL === undefined) {
     throw new ConfigError('invalid configuration: DATABASE_READ_URL needs DATABASE_URL (the primary, for migrations and the event log\'s upkeep); to read from a hot standby alone, set DATABASE_URL to it instead')
   }
-  // An idle stream writes a keep-alive every SSE_KEEPALIVE_MS: the idle-socket timeout must be longer.
+  // An idle stream writes a keep-alive at least every SSE_KEEPALIVE_MS: the idle-socket timeout must be longer.
   if (config.CONNECTION_TIMEOUT_MS <= config.SSE_KEEPALIVE_MS) {
     throw new ConfigError('invalid configuration: CONNECTION_TIMEOUT_MS must be greater than SSE_KEEPALIVE_MS, or idle event streams would be cut')
   }

@@ -171,6 +171,31 @@ t.test('the streams are looked at for keep-alives at most once a second, however
   t.equal(keepAlives(), 2, 'the tick within a second of the last look wrote nothing')
 })
 
+t.test('streams opened together get their keep-alives spread over the second half of SSE_KEEPALIVE_MS, not in one burst', async (t) => {
+  const keepAliveMs = 100_000
+  const { app, url } = await serve(t, { SSE_KEEPALIVE_MS: keepAliveMs })
+  const opened = Date.now()
+  const streams = await Promise.all(Array.from({ length: 20 }, () => openStream(url, '/api/events/stream?run_id=nobody-writes-this')))
+  t.teardown(() => { for (const stream of streams) stream.close() })
+  await Promise.all(streams.map((stream) => stream.waitFor(() => stream.frames.length > 0)))
+  await sleep(50) // every stream registered and its first write made
+  const head = app.events.hub.head!
+  const kept = () => streams.filter((stream) => stream.frames.some((frame) => frame.comments.includes('keep-alive'))).length
+  const settle = async () => { await sleep(100) }
+  // Looks (sweeps) at times past the streams' last writes, more than a second apart.
+  app.events.streams.sweep(opened + keepAliveMs / 2 - 2000, head)
+  await settle()
+  t.equal(kept(), 0, 'none before half of SSE_KEEPALIVE_MS')
+  app.events.streams.sweep(opened + keepAliveMs * 0.75, head)
+  await settle()
+  const halfway = kept()
+  // 20 shares drawn from a half to the whole: all on one side of three quarters with a chance of 2 in a million.
+  t.ok(halfway > 0 && halfway < 20, `some at three quarters (${halfway} of 20), not all`)
+  app.events.streams.sweep(Date.now() + keepAliveMs + 2000, head)
+  await settle()
+  t.equal(kept(), 20, 'every one by SSE_KEEPALIVE_MS')
+})
+
 t.test('a real EventSource reconnects with Last-Event-ID and misses nothing', async (t) => {
   const { app, url } = await serve(t, { SSE_RETRY_MS: 100 })
   const [start] = await insertEvents({ run_id: 'es-run', summary: 'first' })

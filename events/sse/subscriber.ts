@@ -83,6 +83,15 @@ export class Subscriber implements Listener {
   /** The last position this client was told of, by an event or an id-only block. */
   lastId: number
   lastWriteAt = Date.now()
+  /**
+   * The share of keepAliveMs this stream stays quiet before its keep-alive:
+   * its own, from a half to the whole. Streams opened together (a reconnect
+   * storm, a replica's start) would otherwise get their keep-alives in the
+   * same sweep, every keepAliveMs from then on: at 5,000 streams a burst of
+   * writes as long as a fan-out, and an event that came then waited for it
+   * (BENCHMARKS.md, "Streams on Node 24").
+   */
+  readonly #quietShare = 0.5 + Math.random() / 2
   /** Live events that arrived while catching up; undefined when live. */
   #waiting: StoredEvent[] | undefined = []
   #waitingBytes = 0
@@ -164,12 +173,12 @@ export class Subscriber implements Listener {
   }
 
   /**
-   * Called periodically: after keepAliveMs without a write, moves a quiet
+   * Called periodically: after its share of keepAliveMs without a write, moves a quiet
    * (filtered) client's cursor to the hub's head with an id-only block, and
    * sends a keep-alive comment so proxies keep the connection open.
    */
   heartbeat (now: number, head: number, keepAliveMs: number): void {
-    if (!this.isLive || now - this.lastWriteAt < keepAliveMs) return
+    if (!this.isLive || now - this.lastWriteAt < keepAliveMs * this.#quietShare) return
     let text = KEEP_ALIVE
     if (head > this.lastId) {
       this.lastId = head
