@@ -131,7 +131,8 @@ async function startService (port: number, wakeup: string): Promise<ChildProcess
 
 /** Commit time of each event, by id: taken just before COMMIT is sent (a conservative start). */
 const committedAt = new Map<number, number>()
-/** Each event's slowest delivery, by id: which events make the p99 (a fan-out held back shows as one). */
+/** Each event's fastest and slowest delivery, by id: which events make the p99, and whether the fan-out began late (fastest) or took long. */
+const fastestById = new Map<number, number>()
 const slowestById = new Map<number, number>()
 /** When each keep-alive frame reached the client (a keep-alive burst beside a fan-out shows here). */
 const keepAlivesAt: number[] = []
@@ -157,6 +158,7 @@ function subscribe (port: number, latencies: number[], runId: string | undefined
         if (sent !== undefined) {
           latencies.push(now - sent)
           if (now - sent > (slowestById.get(id) ?? -1)) slowestById.set(id, now - sent)
+          if (now - sent < (fastestById.get(id) ?? Infinity)) fastestById.set(id, now - sent)
         }
         subscriber.received++
       }
@@ -425,6 +427,7 @@ async function measure (port: number, service: ChildProcess, size: number, floor
   console.log(`    ${slowestLine(started)}`)
   committedAt.clear()
   slowestById.clear()
+  fastestById.clear()
   keepAlivesAt.length = 0
   return row
 }
@@ -432,10 +435,10 @@ async function measure (port: number, service: ChildProcess, size: number, floor
 /** The round's three slowest events (when each was committed, its slowest delivery) and the keep-alives that arrived during the writing window. */
 function slowestLine (started: number): string {
   const slowest = [...slowestById].sort((a, b) => b[1] - a[1]).slice(0, 3)
-    .map(([id, ms]) => `${ms} ms (committed at +${((committedAt.get(id)! - started) / 1000).toFixed(2)} s)`)
+    .map(([id, ms]) => `${ms} ms (the first ${fastestById.get(id)} ms; committed at +${((committedAt.get(id)! - started) / 1000).toFixed(2)} s)`)
   const during = keepAlivesAt.filter((at) => at >= started)
   const span = during.length === 0 ? '' : ` between +${((during[0]! - started) / 1000).toFixed(2)} and +${((during.at(-1)! - started) / 1000).toFixed(2)} s`
-  return `slowest events' last deliveries: ${slowest.join(', ')}; keep-alives received in the window: ${during.length}${span}`
+  return `slowest events' last deliveries: ${slowest.join(', ')}; the median event's first ${percentile([...fastestById.values()].sort((a, b) => a - b), 0.5)} ms; keep-alives received in the window: ${during.length}${span}`
 }
 
 function summarize (results: Row[], floor: boolean): void {

@@ -88,8 +88,7 @@ export class Subscriber implements Listener {
    * its own, from a half to the whole. Streams opened together (a reconnect
    * storm, a replica's start) would otherwise get their keep-alives in the
    * same sweep, every keepAliveMs from then on: at 5,000 streams a burst of
-   * writes as long as a fan-out, and an event that came then waited for it
-   * (BENCHMARKS.md, "Streams on Node 24").
+   * writes as long as a fan-out, which an event arriving then waits behind.
    */
   readonly #quietShare = 0.5 + Math.random() / 2
   /** Live events that arrived while catching up; undefined when live. */
