@@ -99,14 +99,14 @@ export class DurableReads {
     } catch (err) {
       return Promise.reject(err)
     }
-    if (page === undefined) return this.#longPollFrom(offset, filter, name, timeoutMs, whenGone, true)
+    if (page === undefined) return this.#longPollFrom(offset, filter, name, timeoutMs, whenGone)
     if (page.events.length > 0) return Promise.resolve(page)
     const waiter = this.#listen(new Waiter(filter, offset, CATCH_UP_PAGE_SIZE))
     return waiter.wait(timeoutMs, whenGone).then(() => this.#answer(waiter))
   }
 
-  /** longPoll, when the hub is starting, the offset is `now` or `-1`, or the window does not reach back to it (`windowMissed`: already looked). */
-  async #longPollFrom (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void, windowMissed = false): Promise<StreamPage> {
+  /** longPoll, when the hub is starting, the offset is `now` or `-1`, or the window does not reach back to it. */
+  async #longPollFrom (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
     const head = await this.hub.ready()
     // Listening before the catch-up read, for the reason a stream subscribes first (sse/streams.ts).
     const waiter = this.#listen(new Waiter(filter, offset === 'now' ? head : offset === 'oldest' ? 0 : offset, CATCH_UP_PAGE_SIZE))
@@ -115,7 +115,7 @@ export class DurableReads {
         // The tail as a plain read sees it now (the hub's head may be a poll behind): only what commits after it.
         waiter.raiseTo((await this.page('now', filter, name, true)).next)
       } else {
-        const page = (offset === 'oldest' || windowMissed ? undefined : this.#recentPage(offset, filter, name)) ?? await this.page(offset, filter, name)
+        const page = (offset === 'oldest' ? undefined : this.#recentPage(offset, filter, name)) ?? await this.page(offset, filter, name)
         if (page.events.length > 0) {
           this.#unlisten(waiter)
           return page
