@@ -1,5 +1,5 @@
 import type { FastifyBaseLogger } from 'fastify'
-import { setImmediate } from 'node:timers/promises'
+import { setImmediate as nextTurn } from 'node:timers/promises'
 import type { Db } from '../db/schema.js'
 import { pollAfter, settledNowWithState, type EventFilter, type LogState, type StoredEvent } from './log.js'
 import { EventWindow } from './window.js'
@@ -98,7 +98,8 @@ export class EventHub {
   #timelineLogged = false
   /** The WAL timeline the last poll read on (null on a hot standby, or before the first poll). */
   #readTimeline: number | null = null
-  #timer: NodeJS.Timeout | undefined
+  /** The pending poll: a timer, or an immediate when it was due at once. */
+  #timer: { timeout: NodeJS.Timeout } | { immediate: NodeJS.Immediate } | undefined
   /** When the pending timer fires (epoch ms). */
   #dueAt = 0
   #polling = false
@@ -251,7 +252,7 @@ export class EventHub {
   /** Stops polling and closes every listener (streams end; their clients reconnect and resume). */
   stop (): void {
     this.#stopped = true
-    clearTimeout(this.#timer)
+    this.#cancelTimer()
     for (const listener of [...this.#listeners()]) listener.close()
     for (const wait of this.#headWaits) wait.resolve()
   }
@@ -324,7 +325,7 @@ export class EventHub {
     for (const listener of this.#settling) {
       if (!listener.settled!() || ++answered % ANSWERS_PER_CLOCK_LOOK !== 0) continue
       if (performance.now() - turnBegan < this.answerTurnMs) continue
-      await setImmediate()
+      await nextTurn()
       turnBegan = performance.now()
     }
     for (const wait of this.#headWaits) if (head > wait.position) wait.resolve()
@@ -390,13 +391,24 @@ export class EventHub {
     const dueAt = Date.now() + delay
     if (this.#timer !== undefined) {
       if (this.#dueAt <= dueAt) return
-      clearTimeout(this.#timer)
+      this.#cancelTimer()
     }
     this.#dueAt = dueAt
-    this.#timer = setTimeout(() => {
+    const tick = () => {
       this.#timer = undefined
       void this.#tick()
-    }, delay)
+    }
+    // Due now (a wake-up): right after this turn's I/O. A timer of 0 ms waits
+    // at least 1 ms, on every event's path from its commit to the streams.
+    this.#timer = delay === 0 ? { immediate: setImmediate(tick) } : { timeout: setTimeout(tick, delay) }
+  }
+
+  #cancelTimer (): void {
+    const timer = this.#timer
+    if (timer === undefined) return
+    if ('immediate' in timer) clearImmediate(timer.immediate)
+    else clearTimeout(timer.timeout)
+    this.#timer = undefined
   }
 
   async #tick (): Promise<void> {

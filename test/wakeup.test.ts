@@ -221,3 +221,25 @@ t.test('a wake-up after the hub stopped polls nothing', async (t) => {
   await sleep(100)
   t.same(lines, [])
 })
+
+t.test('a wake-up polls right after the turn it came in, not a timer\'s millisecond later; stopping cancels it', async (t) => {
+  const lines: LogLine[] = []
+  const log = pino({ level: 'info' }, { write: (line: string) => { lines.push(JSON.parse(line)) } })
+  // A database that only says when it is first asked (and fails: a poll logs that, once).
+  let askedAt: 'the check phase' | undefined
+  const db = new Proxy({}, { get () { askedAt ??= 'the check phase'; throw new Error('no database here') } }) as never
+  const hub = new EventHub(db, { pollIntervalMs: 60_000, wakeupPollIntervalMs: 60_000, windowBytes: 0, log })
+  t.teardown(() => hub.stop())
+  hub.wake()
+  t.equal(askedAt, undefined, 'not in the turn of the wake-up itself')
+  await new Promise<void>((resolve) => setImmediate(resolve))
+  t.equal(askedAt, 'the check phase', 'polled in the check phase right after it, before any timer')
+  await sleep(20)
+  t.equal(lines.filter((line) => line.msg.startsWith('event poller cannot read events')).length, 1, 'the failed poll logged once')
+
+  const stopped = new EventHub(undefined as never, { pollIntervalMs: 60_000, wakeupPollIntervalMs: 60_000, windowBytes: 0, log })
+  stopped.wake()
+  stopped.stop()
+  await sleep(50)
+  t.equal(lines.length, 1, 'a hub stopped with its wake-up pending polls nothing')
+})
