@@ -31,6 +31,8 @@ class PipelinedConnection {
   movedAt = 0
   readonly client: pg.Client
   readonly ready: Promise<void>
+  /** Told once nothing is in flight (end() waits for it). */
+  #whenIdle: Array<() => void> = []
 
   constructor (config: pg.ClientConfig, dropped: (connection: PipelinedConnection) => void) {
     this.client = new pg.Client({ ...config, pipeline: true })
@@ -42,6 +44,18 @@ class PipelinedConnection {
       dropped(this)
       throw err
     })
+  }
+
+  /** Resolves once nothing is in flight: a read may still be waiting for the connection, its statement not yet sent. */
+  idle (): Promise<void> {
+    return this.inFlight === 0 ? Promise.resolve() : new Promise((resolve) => this.#whenIdle.push(resolve))
+  }
+
+  /** One statement less in flight. */
+  answered (): void {
+    this.inFlight--
+    this.movedAt = performance.now()
+    if (this.inFlight === 0) for (const resolve of this.#whenIdle.splice(0)) resolve()
   }
 }
 
@@ -92,16 +106,19 @@ export class PipelinedConnections {
         throw err
       })
     } finally {
-      connection.inFlight--
-      connection.movedAt = performance.now()
+      connection.answered()
     }
   }
 
-  /** Closes every connection, once what each has in flight is answered. */
+  /**
+   * Closes every connection, once what each has in flight is answered:
+   * reads still waiting for their connection to open are sent first (a
+   * client ended before they are sent would refuse them).
+   */
   async end (): Promise<void> {
     this.#ended = true
     clearInterval(this.#sweeper)
-    await Promise.all(this.#open.map((connection) => connection.ready.then(() => connection.client.end(), () => {})))
+    await Promise.all(this.#open.map((connection) => connection.ready.then(() => connection.idle()).then(() => connection.client.end(), () => {})))
   }
 
   /**
