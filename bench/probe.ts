@@ -43,7 +43,7 @@ export interface ProbeReport {
   node: string
   execArgv: string[]
   nodeOptions: string
-  pauses: { count: number, totalMs: number, longestMs: number, longestKind: string, byKind: Record<string, { count: number, totalMs: number, longestMs: number }> }
+  pauses: { count: number, totalMs: number, longestMs: number, longestKind: string, byKind: Record<string, { count: number, totalMs: number, longestMs: number }>, majorsAt?: Array<{ atMs: number, ms: number }> }
   loopDelayMaxMs: number
   loopDelayP99Ms: number
   cpuMs: number
@@ -104,6 +104,7 @@ export function breakdown (before: ProbeReport, beforeRssKb: number, after: Prob
 export function pausesLine (report: ProbeReport): string {
   const { pauses } = report
   const kinds = Object.entries(pauses.byKind).map(([kind, of]) => `${kind} ${of.count} (longest ${of.longestMs.toFixed(1)})`).join(', ')
-  return `GC pauses ${pauses.count}, longest ${pauses.longestMs.toFixed(1)} ms (${pauses.longestKind || '-'}), total ${pauses.totalMs.toFixed(0)} ms [${kinds}]; ` +
+  const majors = (pauses.majorsAt ?? []).map((major) => `+${(major.atMs / 1000).toFixed(2)} s (${major.ms.toFixed(1)} ms)`).join(', ')
+  return `GC pauses ${pauses.count}, longest ${pauses.longestMs.toFixed(1)} ms (${pauses.longestKind || '-'}), total ${pauses.totalMs.toFixed(0)} ms [${kinds}]${majors === '' ? '' : `, the major ones at ${majors}`}; ` +
     `event loop delay max ${report.loopDelayMaxMs.toFixed(0)} ms, p99 ${report.loopDelayP99Ms.toFixed(0)} ms; service CPU ${(report.cpuMs / 1000).toFixed(2)} s`
 }

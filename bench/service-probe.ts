@@ -6,7 +6,7 @@
  * - The garbage collector's pauses, from perf_hooks 'gc' entries: how many
  *   and the longest since the last 'reset', by kind (minor: scavenges of
  *   the young generation; major: mark-compact; incremental: its steps;
- *   weakcb: weak callbacks).
+ *   weakcb: weak callbacks), and when each major one began.
  * - The event loop's longest delay since the last 'reset'
  *   (monitorEventLoopDelay, 10 ms resolution): what a pause, or anything
  *   else, held every stream's delivery back by.
@@ -41,10 +41,12 @@ const KINDS: Record<number, string> = {
   [constants.NODE_PERFORMANCE_GC_WEAKCB]: 'weakcb'
 }
 
-interface Pauses { count: number, totalMs: number, longestMs: number, longestKind: string, byKind: Record<string, { count: number, totalMs: number, longestMs: number }> }
+interface Pauses { count: number, totalMs: number, longestMs: number, longestKind: string, byKind: Record<string, { count: number, totalMs: number, longestMs: number }>, majorsAt: Array<{ atMs: number, ms: number }> }
 
-const fresh = (): Pauses => ({ count: 0, totalMs: 0, longestMs: 0, longestKind: '', byKind: {} })
+const fresh = (): Pauses => ({ count: 0, totalMs: 0, longestMs: 0, longestKind: '', byKind: {}, majorsAt: [] })
 let pauses = fresh()
+/** When the last 'reset' came (performance.now()): majors are placed in the window from it. */
+let resetAt = performance.now()
 
 new PerformanceObserver((list) => {
   for (const entry of list.getEntries() as Array<PerformanceEntry & { detail?: { kind?: number } }>) {
@@ -55,6 +57,7 @@ new PerformanceObserver((list) => {
     of.count++
     of.totalMs += entry.duration
     of.longestMs = Math.max(of.longestMs, entry.duration)
+    if (kind === 'major') pauses.majorsAt.push({ atMs: entry.startTime - resetAt, ms: entry.duration })
     if (entry.duration > pauses.longestMs) {
       pauses.longestMs = entry.duration
       pauses.longestKind = kind
@@ -86,6 +89,7 @@ process.on('message', (message: { probe?: string, path?: string }) => {
   switch (message?.probe) {
     case 'reset':
       pauses = fresh()
+      resetAt = performance.now()
       loopDelay.reset()
       cpuAtReset = process.cpuUsage()
       if (session !== undefined) void post('HeapProfiler.startSampling', { samplingInterval: 8192, includeObjectsCollectedByMajorGC: true, includeObjectsCollectedByMinorGC: true })

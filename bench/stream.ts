@@ -11,6 +11,8 @@
  *       (memory per stream, each size on a fresh service, with node flags for the service only: by default
  *       npm start's, package.json's start script; --service-flags= for none, Node's defaults)
  *   ... npm run bench:stream -- --wakeup wal,floor --sizes 5000 --storm 0 --idle-seconds 0 --rounds 3   (issue 33's three runs against the floor)
+ *       (each size's timed window follows --warmup-events, 20 by default, written and delivered untimed:
+ *       --warmup-events 0 times a fresh server's first fan-outs too)
  *
  * The service runs on the bench's own node (process.execPath: put the Node
  * to measure first on PATH), through tsx (--entry tsx) or compiled as `npm
@@ -61,6 +63,7 @@ const { values: args } = parseArgs({
     sizes: { type: 'string', default: '10,1000,10000' },
     rate: { type: 'string', default: '10' },
     seconds: { type: 'string', default: '10' },
+    'warmup-events': { type: 'string', default: '20' },
     'poll-ms': { type: 'string', default: '250' },
     'settle-ms': { type: 'string', default: '11000' },
     storm: { type: 'string', default: '3000' },
@@ -373,29 +376,42 @@ async function measure (port: number, service: ChildProcess, size: number, floor
     forcedReports = [baselineReport, await ask(service, 'report')]
   }
 
-  await sleep(STATS_SETTLE_MS) // the connection phase's queries land in the statistics first
+  const listening = subscribers.slice(0, onRun)
+  /** Commits `count` events at the rate, from `from`; `timed`: each one's commit time is kept, for its deliveries. */
+  const write = async (count: number, from: number, timed: boolean): Promise<number[]> => {
+    const commitMs: number[] = []
+    for (let i = 0; i < count; i++) {
+      const due = from + (i * 1000) / rate
+      if (due > Date.now()) await sleep(due - Date.now())
+      await writer.query('begin')
+      const inserted = await writer.query(
+        "insert into events (event_type, run_id, summary, payload) values ('task_running', 'bench-run', 'bench', '{}') returning event_id"
+      )
+      const id = Number(inserted.rows[0].event_id)
+      const committing = Date.now()
+      if (timed) committedAt.set(id, committing)
+      await writer.query('commit')
+      commitMs.push(Date.now() - committing)
+      if (floor) service.send({ id, runId: WRITTEN_RUN, json: JSON.stringify({ event_id: id, event_type: 'task_running', run_id: WRITTEN_RUN, task_id: null, thread_id: null, summary: 'bench', payload: {}, created_at: new Date().toISOString() }) })
+    }
+    const deadline = Date.now() + 30_000
+    while (listening.some((subscriber) => subscriber.received < count) && Date.now() < deadline) await sleep(50)
+    return commitMs
+  }
+  // A fresh server's first fan-outs run code not yet compiled by the JIT, on the
+  // client as on the server: events before the window, not timed (--warmup-events).
+  const warmup = Number(args['warmup-events'])
+  if (warmup > 0) {
+    await write(warmup, Date.now(), false)
+    for (const subscriber of listening) subscriber.received = 0
+  }
+
+  await sleep(STATS_SETTLE_MS) // the connection phase's (and the warm-up's) queries land in the statistics first
   const transactionsBefore = await transactionsOf(admin)
   await ask(service, 'reset') // GC pauses, loop delay and CPU: the writing window's only
   const started = Date.now()
   const events = rate * seconds
-  const commitMs: number[] = []
-  for (let i = 0; i < events; i++) {
-    const due = started + (i * 1000) / rate
-    if (due > Date.now()) await sleep(due - Date.now())
-    await writer.query('begin')
-    const inserted = await writer.query(
-      "insert into events (event_type, run_id, summary, payload) values ('task_running', 'bench-run', 'bench', '{}') returning event_id"
-    )
-    const id = Number(inserted.rows[0].event_id)
-    const committing = Date.now()
-    committedAt.set(id, committing)
-    await writer.query('commit')
-    commitMs.push(Date.now() - committing)
-    if (floor) service.send({ id, runId: WRITTEN_RUN, json: JSON.stringify({ event_id: id, event_type: 'task_running', run_id: WRITTEN_RUN, task_id: null, thread_id: null, summary: 'bench', payload: {}, created_at: new Date().toISOString() }) })
-  }
-  const deadline = Date.now() + 30_000
-  const listening = subscribers.slice(0, onRun)
-  while (listening.some((subscriber) => subscriber.received < events) && Date.now() < deadline) await sleep(50)
+  const commitMs = await write(events, started, true)
   const during = await ask(service, 'report')
   await sleep(STATS_SETTLE_MS)
   const elapsed = (Date.now() - started) / 1000
