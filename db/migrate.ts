@@ -5,7 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { pathToFileURL } from 'node:url'
 import { migrations } from './migrations/index.js'
 import { prepareConversion, undoPreparation } from './migrations/0004_events_partitioned_by_id.js'
-import { isHotStandby } from './pool.js'
+import { createJobPool, isHotStandby } from './pool.js'
 
 export interface MigrationOutcome {
   /** Names of the migrations this call applied, in order (empty when already up to date). */
@@ -23,13 +23,7 @@ export async function migrateToLatest (connectionString: string): Promise<Migrat
   if (await isHotStandby(connectionString)) {
     throw new Error('the database is a hot standby (read-only): migrations are applied to its primary, and reach it by replication')
   }
-  const pool = new pg.Pool({ connectionString, max: 1, application_name: 'ocp-api-migrate' })
-  // An idle connection the server ends (a restart, a terminated backend, a
-  // database dropped just after: pool.end() does not wait for its backends)
-  // would be an unhandled 'error'; a statement that needed it reports it.
-  /* c8 ignore next: reached only when the server ends an idle connection, a race no test can time */
-  pool.on('error', () => {})
-  const db = new Kysely<unknown>({ dialect: new PostgresDialect({ pool }) })
+  const db = new Kysely<unknown>({ dialect: new PostgresDialect({ pool: createJobPool(connectionString, 'ocp-api-migrate') }) })
   try {
     // Migration 0004's one scan, outside the migrations' transaction, where it blocks no writer.
     const prepared = await prepareConversion(db)

@@ -51,6 +51,11 @@ class PipelinedConnection {
     return this.inFlight === 0 ? Promise.resolve() : new Promise((resolve) => this.#whenIdle.push(resolve))
   }
 
+  /** One statement more in flight; an idle connection starts its clock now (STALLED_MS). */
+  given (now: number): void {
+    if (this.inFlight++ === 0) this.movedAt = now
+  }
+
   /** One statement less in flight. */
   answered (): void {
     this.inFlight--
@@ -95,7 +100,7 @@ export class PipelinedConnections {
     }
     const now = performance.now()
     const connection = this.#leastBusy(now)
-    if (connection.inFlight++ === 0) connection.movedAt = now
+    connection.given(now)
     try {
       await connection.ready.finally(sent)
       return await use(connection.client).catch((err: unknown) => {

@@ -71,6 +71,20 @@ export function createReadPool (options: ReadPoolOptions): ReadPool {
   return pool
 }
 
+/**
+ * A pool of its own for a short job that writes (migrations, seeding): the
+ * read pool is read-only. An idle connection the server ends (a restart, a
+ * terminated backend, a database dropped just after: pool.end() does not
+ * wait for its backends) would be an unhandled 'error' and end the
+ * process; a statement that needed it reports the failure instead.
+ */
+export function createJobPool (connectionString: string, applicationName: string): pg.Pool {
+  const pool = new pg.Pool({ connectionString, max: 1, application_name: applicationName })
+  /* c8 ignore next: reached only when the server ends an idle connection, a race no test can time */
+  pool.on('error', () => {})
+  return pool
+}
+
 export function createDb (pool: pg.Pool): Db {
   return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) })
 }

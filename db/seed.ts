@@ -1,11 +1,10 @@
 #!/usr/bin/env node
-import pg from 'pg'
 import { pathToFileURL } from 'node:url'
 import { loadConfig } from '../config.js'
 import { withDatabaseUrl } from './embedded.js'
 import { FixtureError, loadFixtureFile } from './fixtures.js'
 import { migrateToLatest } from './migrate.js'
-import { createDb } from './pool.js'
+import { createDb, createJobPool } from './pool.js'
 
 /**
  * `npm run seed -- <file.json>`: migrates DATABASE_URL (absent: the embedded
@@ -15,8 +14,7 @@ import { createDb } from './pool.js'
  */
 export async function seed (databaseUrl: string, file: string): Promise<string> {
   await migrateToLatest(databaseUrl)
-  const pool = new pg.Pool({ connectionString: databaseUrl, max: 1, application_name: 'ocp-seed' })
-  const db = createDb(pool)
+  const db = createDb(createJobPool(databaseUrl, 'ocp-seed'))
   try {
     const { inserted } = await loadFixtureFile(db, file)
     const counts = Object.entries(inserted).filter(([, count]) => count > 0).map(([table, count]) => `${count} ${table}`).join(', ')

@@ -1,13 +1,12 @@
 import { stream, type JsonBatch } from '@durable-streams/client'
 import { Kysely, PostgresDialect } from 'kysely'
-import pg from 'pg'
 import t from 'tap'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
 import { migrateToLatest } from '../db/migrate.js'
 import type { Database } from '../db/schema.js'
 import { createRun } from '../db/writer.js'
-import { withDatabase } from './helpers/database.js'
+import { testPool, withDatabase } from './helpers/database.js'
 import { makeRun } from './helpers/fixtures.js'
 import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
 import { waitUntil } from './helpers/wait.js'
@@ -25,10 +24,9 @@ t.test('Durable Streams through a hot standby: every event once, ascending', { s
   const primary = withDatabase(pg15.primaryUrl, 'ocp_ds')
   const reader = withDatabase(pg15.readerUrl, 'ocp_ds')
   await migrateToLatest(primary)
-  const pool = new pg.Pool({ connectionString: primary, max: WRITERS })
-  pool.on('error', () => {})
+  const pool = testPool(primary, WRITERS)
   t.teardown(() => pool.end())
-  const writer = new Kysely<Database>({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: primary, max: 1 }) }) })
+  const writer = new Kysely<Database>({ dialect: new PostgresDialect({ pool: testPool(primary, 1) }) })
   t.teardown(() => writer.destroy())
   await createRun(writer, makeRun({ run_id: 'ds-standby' }))
   await pg15.waitForReplay()

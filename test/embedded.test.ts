@@ -10,6 +10,7 @@ import { createReadPool } from '../db/pool.js'
 import { redactedUrl } from '../plugins/app/db.js'
 import { root, runScript } from './helpers/run.js'
 import { sleep, waitUntil } from './helpers/wait.js'
+import { testPool } from './helpers/database.js'
 
 // The embedded database (db/embedded.ts): PGlite behind a loopback bridge
 // that gives its one backend to one connection at a time.
@@ -55,7 +56,7 @@ t.test('statement and portal names move into the connection\'s namespace', async
 
 t.test('concurrent transactions and reads never see each other half-done', async (t) => {
   const database = await embedded(t)
-  const pool = new pg.Pool({ connectionString: database.url, max: 8 })
+  const pool = testPool(database.url, 8)
   t.teardown(() => pool.end())
   await pool.query('create table counters (worker int, n int)')
   const wrong: string[] = []
@@ -88,7 +89,7 @@ t.test('concurrent transactions and reads never see each other half-done', async
 t.test('each connection keeps its own startup settings, as on a server', async (t) => {
   const database = await embedded(t)
   const reader = createReadPool({ connectionString: database.url, max: 2, statementTimeoutMs: 5000, connectTimeoutMs: 5000, pipelined: 0 })
-  const writer = new pg.Pool({ connectionString: database.url, max: 2 })
+  const writer = testPool(database.url, 2)
   t.teardown(async () => { await reader.end(); await writer.end() })
   await writer.query('create table notes (body text)')
   for (let round = 0; round < 3; round++) {
@@ -106,7 +107,7 @@ t.test('each connection keeps its own startup settings, as on a server', async (
 
 t.test('a replication connection is refused (0A000), and the others are not disturbed', async (t) => {
   const database = await embedded(t)
-  const pool = new pg.Pool({ connectionString: database.url, max: 1 })
+  const pool = testPool(database.url, 1)
   t.teardown(() => pool.end())
   await pool.query('select 1')
   for (const replication of ['true', 'database'] as const) {
@@ -161,7 +162,7 @@ t.test('prepared statements: each connection has its own names, dropped when it 
 
 t.test('a client that goes mid-transaction is rolled back, and the others carry on', async (t) => {
   const database = await embedded(t)
-  const pool = new pg.Pool({ connectionString: database.url, max: 2 })
+  const pool = testPool(database.url, 2)
   t.teardown(() => pool.end())
   await pool.query('create table items (id int)')
   const leaver = new pg.Client({ connectionString: database.url })

@@ -2,7 +2,7 @@ import { sql } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
 import { build } from './helpers/app.js'
-import { testDatabaseUrl } from './helpers/database.js'
+import { testDatabaseUrl, testPool } from './helpers/database.js'
 import { insertEvents, openStream } from './helpers/sse.js'
 
 // Writers draw ids and commit in any order, and none waits for another;
@@ -233,8 +233,7 @@ t.test('concurrent writers committing in random order: every subscriber gets eve
   const firstLeg = await openStream(url, `/api/events/stream?after_event_id=${base}`)
   t.teardown(firstLeg.close)
   let resumed: Awaited<ReturnType<typeof openStream>> | undefined
-  const pool = new pg.Pool({ connectionString: await testDatabaseUrl(), max: WRITERS })
-  pool.on('error', () => {}) // idle connections cut when the file's database is dropped
+  const pool = testPool(await testDatabaseUrl(), WRITERS)
   t.teardown(() => pool.end())
   for (let round = 0; round < ROUNDS; round++) {
     await Promise.all(Array.from({ length: WRITERS }, async (_, writer) => {

@@ -8,7 +8,7 @@ import { CONVERSION_MARGIN, DEFAULT_PARTITION, FIRST_PARTITION, partitionName, p
 import {
   closeRange, HOLD_SEQUENCE, listPartitions, MIN_RANGE_IDS, NEXTVAL_CLOSE_LIMIT, PartitionKeeper, RANGES_AHEAD, sequencePosition, type KeeperLog, type KeeperOptions
 } from '../events/upkeep/partitions.js'
-import { extraDatabaseUrl, needsServer } from './helpers/database.js'
+import { extraDatabaseUrl, needsServer, testPool } from './helpers/database.js'
 import { sleep } from './helpers/wait.js'
 
 // Migration 0004 (the events table partitioned by id, converted without a
@@ -24,10 +24,7 @@ async function connect (t: Test, url: string): Promise<pg.Client> {
 }
 
 function kysely (t: Test, url: string): Kysely<any> {
-  const pool = new pg.Pool({ connectionString: url, max: 1 })
-  // pool.end() resolves before its clients' backends are gone: the file's drop of the
-  // database (with force) can still reach one, whose error would be thrown in the teardown.
-  pool.on('error', () => {})
+  const pool = testPool(url, 1)
   const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) })
   t.teardown(() => db.destroy())
   return db

@@ -2,7 +2,7 @@ import { sql } from 'kysely'
 import pg from 'pg'
 import t, { type Test } from 'tap'
 import { builder, queryRow, readCounts, Statement } from '../db/statement.js'
-import { testDatabaseUrl } from './helpers/database.js'
+import { testDatabaseUrl, testPool } from './helpers/database.js'
 
 // The reads run as prepared statements named after their text (db/queries.ts).
 
@@ -12,8 +12,7 @@ const repeat = (marker: string) => new Statement(2, (word: string, times: number
   .limit(1))
 
 async function onePool (t: Test): Promise<pg.Pool> {
-  const pool = new pg.Pool({ connectionString: await testDatabaseUrl(), max: 1 })
-  pool.on('error', () => {}) // an idle connection cut when the file's database is dropped
+  const pool = testPool(await testDatabaseUrl(), 1)
   t.teardown(() => pool.end())
   return pool
 }

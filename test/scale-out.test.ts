@@ -1,7 +1,6 @@
 import { EventSource } from 'eventsource'
-import pg from 'pg'
 import t from 'tap'
-import { testDatabaseUrl } from './helpers/database.js'
+import { testDatabaseUrl, testPool } from './helpers/database.js'
 import { answers, startNginx } from './helpers/nginx.js'
 import { startReplicas } from './helpers/replicas.js'
 import { insertEvents } from './helpers/sse.js'
@@ -39,8 +38,7 @@ t.test('a replica dies under streaming clients: every event arrives once, in ord
   // around the insert), some roll back, some hold their transaction open
   // for a second; one replica is killed in the middle.
   const written: Array<{ id: number, run: string }> = []
-  const pool = new pg.Pool({ connectionString: databaseUrl, max: 4 })
-  pool.on('error', () => {})
+  const pool = testPool(databaseUrl, 4)
   t.teardown(() => pool.end())
   const writeOne = async (i: number) => {
     const connection = await pool.connect()

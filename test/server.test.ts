@@ -4,7 +4,7 @@ import { Kysely, PostgresDialect, sql } from 'kysely'
 import { Migrator } from 'kysely/migration'
 import { migrateToLatest } from '../db/migrate.js'
 import { migrations } from '../db/migrations/index.js'
-import { serverDatabaseUrl, withAdmin, withDatabase } from './helpers/database.js'
+import { serverDatabaseUrl, testPool, withAdmin, withDatabase } from './helpers/database.js'
 import { runScript as run } from './helpers/run.js'
 import { openStream } from './helpers/sse.js'
 
@@ -53,8 +53,7 @@ t.test('a database migrated by a version the service does not know is refused, w
 t.test('every migration can be rolled back', async (t) => {
   const url = await emptyDatabase(t, 'migrate_down')
   await migrateToLatest(url)
-  const pool = new pg.Pool({ connectionString: url, max: 1 })
-  pool.on('error', () => {}) // the database is dropped (with force) at the end, perhaps before this pool's backend is gone
+  const pool = testPool(url, 1)
   const db = new Kysely<unknown>({ dialect: new PostgresDialect({ pool }) })
   const migrator = new Migrator({ db, provider: { getMigrations: async () => migrations } })
   for (const name of Object.keys(migrations).reverse()) {

@@ -1,9 +1,8 @@
-import pg from 'pg'
 import t from 'tap'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
 import { migrateToLatest } from '../db/migrate.js'
-import { withDatabase } from './helpers/database.js'
+import { testPool, withDatabase } from './helpers/database.js'
 import { openStream } from './helpers/sse.js'
 import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
 
@@ -33,8 +32,7 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
   const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
   const primaryLogBefore = pg15.log('primary').length
 
-  const pool = new pg.Pool({ connectionString: primary, max: WRITERS })
-  pool.on('error', () => {})
+  const pool = testPool(primary, WRITERS)
   t.teardown(() => pool.end())
   const base = Number((await pool.query(`insert into events (event_type) values ('base') returning event_id`)).rows[0].event_id)
   await pg15.waitForReplay()

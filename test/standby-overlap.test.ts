@@ -1,9 +1,8 @@
-import pg from 'pg'
 import t from 'tap'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
 import { migrateToLatest } from '../db/migrate.js'
-import { withDatabase } from './helpers/database.js'
+import { testPool, withDatabase } from './helpers/database.js'
 import { openStream } from './helpers/sse.js'
 import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
 import { sleep } from './helpers/wait.js'
@@ -31,8 +30,7 @@ t.test('a standby under overlapping transactions delivers past a hole within the
   await app.listen({ port: 0, host: '127.0.0.1' })
   const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
 
-  const pool = new pg.Pool({ connectionString: primary, max: 6 })
-  pool.on('error', () => {})
+  const pool = testPool(primary, 6)
   t.teardown(() => pool.end())
   const base = Number((await pool.query(`insert into events (event_type) values ('base') returning event_id`)).rows[0].event_id)
   const stream = await openStream(url, `/api/events/stream?after_event_id=${base}`)

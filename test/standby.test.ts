@@ -1,5 +1,4 @@
 import { Kysely, PostgresDialect } from 'kysely'
-import pg from 'pg'
 import t, { type Test } from 'tap'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
@@ -8,7 +7,7 @@ import { migrations } from '../db/migrations/index.js'
 import type { Database } from '../db/schema.js'
 import { addTask, createRun, dispatchTask, postMessage, recordChange } from '../db/writer.js'
 import { assertSchema } from './helpers/contract.js'
-import { withDatabase } from './helpers/database.js'
+import { testPool, withDatabase } from './helpers/database.js'
 import { makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
 import { runScript, type Outcome } from './helpers/run.js'
 import { openStream } from './helpers/sse.js'
@@ -43,7 +42,7 @@ async function serve (env: Record<string, string>, use?: (base: string) => Promi
 
 /** A read-write Kysely over `url`, as an orchestrator writes (on the primary). */
 function writerOn (t: Test, url: string): Kysely<Database> {
-  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: url, max: 2 }) }) })
+  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: testPool(url, 2) }) })
   t.teardown(() => db.destroy())
   return db
 }

@@ -1,12 +1,11 @@
 import { sql, type Insertable, type Kysely } from 'kysely'
-import pg from 'pg'
 import t from 'tap'
 import { TABLES } from '../../db/fixtures.js'
 import { createDb } from '../../db/pool.js'
 import type {
   ArtifactsTable, Database, MessagesTable, RunsTable, TaskAttemptsTable, TasksTable, ThreadsTable
 } from '../../db/schema.js'
-import { testDatabaseUrl } from './database.js'
+import { testDatabaseUrl, testPool } from './database.js'
 
 /*
  * Test data, written the way an orchestrator would: through a connection
@@ -18,10 +17,7 @@ let writerDb: Promise<Kysely<Database>> | undefined
 /** A read-write connection to this file's database, closed when the file ends. */
 export function writer (): Promise<Kysely<Database>> {
   writerDb ??= (async () => {
-    const pool = new pg.Pool({ connectionString: await testDatabaseUrl(), max: 4 })
-    // The file's database is dropped (with force) when its tests end, maybe
-    // before this pool is closed: its idle connections' errors are expected.
-    pool.on('error', () => {})
+    const pool = testPool(await testDatabaseUrl(), 4)
     const db = createDb(pool)
     t.teardown(() => db.destroy())
     return db
