@@ -77,7 +77,8 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
   // Without DATABASE_URL: the embedded database in PGLITE_DATA_DIR.
   const { loadConfig } = await import('../config.js')
   const { withDatabaseUrl } = await import('./embedded.js')
-  withDatabaseUrl(loadConfig(), migrateToLatest).then(({ applied }) => {
+  // loadConfig() inside the chain: a bad setting is one line, as any failure here.
+  Promise.resolve().then(() => withDatabaseUrl(loadConfig(), migrateToLatest)).then(({ applied }) => {
     console.log(applied.length === 0 ? 'migrate: already up to date' : `migrate: applied ${applied.join(', ')}`)
   }, (err: unknown) => {
     console.error(`migrate: ${(err as Error).message}`)

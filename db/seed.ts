@@ -31,7 +31,8 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
     console.error('usage: [DATABASE_URL=postgres://...] npm run seed -- <fixture.json>  (without DATABASE_URL: the embedded database in PGLITE_DATA_DIR)')
     process.exit(2)
   }
-  withDatabaseUrl(loadConfig(), (url) => seed(url, file)).then((message) => console.log(message), (err: unknown) => {
+  // loadConfig() inside the chain: a bad setting is one line, as any failure here.
+  Promise.resolve().then(() => withDatabaseUrl(loadConfig(), (url) => seed(url, file))).then((message) => console.log(message), (err: unknown) => {
     console.error(err instanceof FixtureError ? `seed: refused, nothing written: ${err.message}` : `seed: ${(err as Error).message}`)
     process.exit(1)
   })

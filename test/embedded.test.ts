@@ -267,6 +267,9 @@ t.test('a data directory persists, and is refused to a second process while in u
   const busy = await runScript(['db/migrate.ts'], { PGLITE_DATA_DIR: dataDir })
   t.equal(busy.code, 1)
   t.match(busy.stderr, /the embedded database in .* is in use by process \d+/)
+  const misconfigured = await runScript(['db/migrate.ts'], { PGLITE_DATA_DIR: dataDir, DATABASE_URL: 'not-a-url' })
+  t.equal(misconfigured.code, 1)
+  t.equal(misconfigured.stderr.trim(), 'migrate: invalid configuration: env/DATABASE_URL must match pattern "^postgres(ql)?://"', 'a bad setting is one line, no stack')
   await first.close()
   t.notOk(existsSync(join(dataDir, 'ocp-embedded.pid')), 'the lock goes with the process')
   const answer = await withDatabaseUrl({ PGLITE_DATA_DIR: dataDir }, async (url) => {

@@ -108,6 +108,9 @@ t.test('npm run seed: the command line reports, and refuses bad fixtures with ex
   const usage = await runSeed([], { DATABASE_URL: url })
   t.equal(usage.code, 2)
   t.match(usage.stderr, /usage: /)
+  const misconfigured = await runSeed([file('good.json', { runs: [] })], { DATABASE_URL: 'not-a-url' })
+  t.equal(misconfigured.code, 1)
+  t.equal(misconfigured.stderr.trim(), 'seed: invalid configuration: env/DATABASE_URL must match pattern "^postgres(ql)?://"', 'a bad setting is one line, no stack')
 })
 
 /** Whether two unions of column names are the same set. */
