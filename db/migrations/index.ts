@@ -11,6 +11,7 @@ import * as eventsSettledByTheKeeper from './0009_events_settled_by_the_keeper.j
 import * as eventsSettledExactly from './0010_events_settled_exactly.js'
 import * as eventsDrawnForReaders from './0011_events_drawn_for_readers.js'
 import * as streamTokenKey from './0012_stream_token_key.js'
+import * as eventsSettledWithoutPartitionLocks from './0013_events_settled_without_partition_locks.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -33,5 +34,6 @@ export const migrations: Record<string, Migration> = {
   '0009_events_settled_by_the_keeper': eventsSettledByTheKeeper,
   '0010_events_settled_exactly': eventsSettledExactly,
   '0011_events_drawn_for_readers': eventsDrawnForReaders,
-  '0012_stream_token_key': streamTokenKey
+  '0012_stream_token_key': streamTokenKey,
+  '0013_events_settled_without_partition_locks': eventsSettledWithoutPartitionLocks
 }

@@ -19,9 +19,17 @@
 -- first visible id whose successor is not visible, by index, one probe per
 -- id of the run, and stops after 1,000,000 ids a statement, so that no
 -- statement grows with a history nothing settled (a log bulk-loaded while
--- no service ran). Inside a range of ids reissued after a failover, the
--- answer is the position the range starts at, so a cursor in it answers
--- 410. STABLE, so its queries read the calling statement's snapshot: the
+-- no service ran). It looks at the events only when the id sequence has
+-- drawn above the position (events_drawn()): an id visible to the
+-- statement's snapshot was drawn, or set for an explicit id, before its
+-- transaction committed, so before this read of the sequence; with nothing
+-- drawn above, nothing is visible above. A generic plan over the events
+-- table locks every partition and its indexes at each call (Postgres 15),
+-- so a read on a quiet log takes three relation locks however long the
+-- history, not four a partition. On a hot standby (events_drawn() is null
+-- there) it always looks. Inside a range of ids reissued after a failover,
+-- the answer is the position the range starts at, so a cursor in it
+-- answers 410. STABLE, so its queries read the calling statement's snapshot: the
 -- position is that snapshot's. PL/pgSQL, so a session keeps its plans (a
 -- SQL function of several statements is planned again at every call).
 -- Every read of the API reports it (X-Event-Cursor, db/settled-position.ts).
@@ -48,7 +56,9 @@ declare
   reached bigint;
 begin
   select greatest(known, s.settled, s.history_floor), s.reissued into p, ranges from event_log_state s;
-  if exists (select 1 from events e where e.event_id = p + 1) then
+  if events_drawn() <= p then
+    null;
+  elsif exists (select 1 from events e where e.event_id = p + 1) then
     select e.event_id into reached from events e
       where e.event_id > p and e.event_id <= p + 1000000
         and not exists (select 1 from events n where n.event_id = e.event_id + 1)
