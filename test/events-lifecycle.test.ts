@@ -186,7 +186,8 @@ t.test('a database outage at connect: the stream answers a retry (the JSON page 
 t.test('a read failing after the hub is up still answers a retry, and registers nothing', { skip: lockBlocksAll }, async (t) => {
   const { app, url } = await serve(t, { DB_STATEMENT_TIMEOUT_MS: 100 })
   await app.events.ready()
-  const release = await lockTable('events')
+  // What a stream's start reads first, whether or not it reads events (its settled position).
+  const release = await lockTable('event_log_state')
   try {
     for (const path of ['/api/events/stream', '/api/events/stream?after_event_id=0']) {
       const stream = await openStream(url, path)
@@ -203,8 +204,8 @@ t.test('a read failing after the hub is up still answers a retry, and registers 
 t.test('a client gone before its stream started is never registered', { skip: lockBlocksAll }, async (t) => {
   const { app, url } = await serve(t)
   await app.events.ready()
-  const release = await lockTable('events')
-  // The request waits on the lock; the client gives up meanwhile.
+  const release = await lockTable('event_log_state')
+  // The request waits on the lock (its settled position); the client gives up meanwhile.
   const gaveUp = new Promise<void>((resolve) => {
     const req = httpRequest(`${url}/api/events/stream?run_id=impatient`)
     req.on('error', () => resolve())

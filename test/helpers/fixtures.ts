@@ -150,7 +150,7 @@ export async function insertGraph (graph: Graph): Promise<void> {
  * that the service's reads of it wait; resolves once the lock is held, with
  * the function that releases it.
  */
-export async function lockTable (table: 'runs' | 'events'): Promise<() => Promise<void>> {
+export async function lockTable (table: 'runs' | 'events' | 'event_log_state'): Promise<() => Promise<void>> {
   const db = await writer()
   let release!: () => void
   const released = new Promise<void>((resolve) => { release = resolve })
