@@ -3,6 +3,7 @@ import { createServer } from 'node:http'
 import t from 'tap'
 import { build } from './helpers/app.js'
 import { extraDatabaseUrl, needsServer, testDatabaseUrl, withAdmin } from './helpers/database.js'
+import { freePort } from './helpers/wait.js'
 import { migrateToLatest } from '../db/migrate.js'
 import { runConformance } from './conformance/run.js'
 import { EXCLUDED } from './conformance/scope.js'
@@ -27,12 +28,7 @@ t.test('the official conformance suite\'s read path passes, but for the tests na
 
 t.test('a deployment the suite cannot use is said plainly, before any test runs', { skip: needsServer('a database the service does not read') }, async (t) => {
   const databaseUrl = await testDatabaseUrl()
-  const closed = await new Promise<number>((resolve) => {
-    const server = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number }
-      server.close(() => resolve(port))
-    })
-  })
+  const closed = await freePort() // nothing listens there
   await t.rejects(runConformance(`http://127.0.0.1:${closed}`, databaseUrl, LONG_POLL_MS), /^no service answers at http:\/\/127\.0\.0\.1:\d+ \(GET \/health: .+\): start one, or pass --url$/, 'no service at the address')
   await t.rejects(runConformance(`http://127.0.0.1:${closed}`, 'postgres://postgres@127.0.0.1:1/none', LONG_POLL_MS), /^cannot connect to the database \(--database, default DATABASE_URL\): /, 'no database')
 
