@@ -86,11 +86,11 @@ export function hideColonsFromPgbench (statement: string): string {
 }
 
 /** The settled position a read reports (X-Event-Cursor), as every statement of db/queries.ts selects it. */
-const EVENT_CURSOR_COLUMN = /events_settled\(\$\d+::bigint\)::text as "event_cursor"/
+const EVENT_CURSOR_COLUMN = /\(select r\.settled from events_settled_row\(\$\d+::bigint\) r\)::text as "event_cursor"/
 
 /** The statement without its event cursor: the column stays, null, so the row has the same shape. */
 export function withoutEventCursor (text: string, operation: string): string {
-  if (!EVENT_CURSOR_COLUMN.test(text)) throw new Error(`bench/sql: ${operation} selects no event cursor (events_settled(...) as "event_cursor")`)
+  if (!EVENT_CURSOR_COLUMN.test(text)) throw new Error(`bench/sql: ${operation} selects no event cursor ((select r.settled from events_settled_row(...) r) as "event_cursor")`)
   return text.replace(EVENT_CURSOR_COLUMN, 'null::text as "event_cursor"')
 }
 

@@ -84,7 +84,7 @@ const logStateRow = sql<LogStateRow>`(select s.settled::text, s.history_floor::t
     t.timeline, coalesce(t.timeline <> s.timeline, false) as new_timeline,
     s.waiting_pid, s.waiting_transaction, s.prepared_writers,
     extract(epoch from clock_timestamp() - s.settled_at)::float8 as settled_age, coalesce(t.drawn::text, 'Infinity') as drawn
-  from event_log_state s, (select events_timeline() as timeline, events_drawn() as drawn) t)`
+  from event_log_state s, (select events_timeline() as timeline, d.drawn from events_id_drawn d) t)`
 
 const toLogState = (row: LogStateRow): LogState => ({
   settled: Number(row.settled),

@@ -6,15 +6,15 @@ import t from 'tap'
 import { testDatabaseUrl } from './helpers/database.js'
 
 /*
- * db/sql/ holds the current definition of every function, trigger and
- * sequence of the event order, for people to read: the migrations made
+ * db/sql/ holds the current definition of every function, trigger, view
+ * and sequence of the event order, for people to read: the migrations made
  * them, and stay as they were. This file checks that the two agree, on this
  * file's migrated database.
  *
  * How: in one transaction, rolled back, it reads the database's definitions
- * (pg_get_functiondef, pg_get_triggerdef, pg_sequence, the events column
- * defaults, and their grants), drops those objects, runs db/sql/*.sql, and
- * reads the definitions again. Postgres itself states both readings, so any
+ * (pg_get_functiondef, pg_get_triggerdef, pg_get_viewdef, pg_sequence, the
+ * events column defaults, and their grants), drops those objects, runs
+ * db/sql/*.sql, and reads the definitions again. Postgres itself states both readings, so any
  * difference in a function's arguments, defaults, return type, language,
  * volatility, security definer, search_path or body shows, and so does an
  * object the files lack (gone after) or add (new after). Only indentation
@@ -29,10 +29,10 @@ function sqlFiles (): Map<string, string> {
   return new Map(readdirSync(sqlDir).filter((name) => name.endsWith('.sql')).sort().map((name) => [name, readFileSync(join(sqlDir, name), 'utf8')]))
 }
 
-/** The objects of the event order: functions named events_* or stream_token*. */
+/** The functions of the event order: named events_* or stream_token* (its views and sequences are named events_*). */
 const OURS = String.raw`p.pronamespace = 'public'::regnamespace and (p.proname like 'events\_%' or p.proname like 'stream\_token%')`
 
-type Kind = 'function' | 'trigger' | 'sequence' | 'default'
+type Kind = 'function' | 'trigger' | 'sequence' | 'default' | 'view'
 type Definitions = Record<Kind, Map<string, string>>
 
 /** A function's text with each line trimmed and blank lines left out. */
@@ -59,6 +59,9 @@ async function readDefinitions (client: pg.ClientBase): Promise<Definitions> {
         coalesce(c.relacl::text, 'default')) as definition
     from pg_sequence s join pg_class c on c.oid = s.seqrelid
     where c.relnamespace = 'public'::regnamespace and c.relname like 'events\\_%'`)
+  const views = await client.query<{ name: string, definition: string }>(`
+    select c.relname as name, pg_get_viewdef(c.oid) || ' acl ' || coalesce(c.relacl::text, 'default') as definition
+    from pg_class c where c.relkind = 'v' and c.relnamespace = 'public'::regnamespace and c.relname like 'events\\_%'`)
   // The parent's: an insert through it takes them (partitions copy them when made).
   const defaults = await client.query<{ name: string, definition: string }>(`
     select 'events.' || a.attname as name, pg_get_expr(d.adbin, d.adrelid) as definition
@@ -68,7 +71,8 @@ async function readDefinitions (client: pg.ClientBase): Promise<Definitions> {
     function: new Map(functions.rows.map((row) => [row.name, `${normalize(row.definition)}\n-- grants: ${row.acl}`])),
     trigger: new Map(triggers.rows.map((row) => [row.name, `${row.definition} -- enabled: ${row.enabled}`])),
     sequence: new Map(sequences.rows.map((row) => [row.name, row.definition])),
-    default: new Map(defaults.rows.map((row) => [row.name, row.definition]))
+    default: new Map(defaults.rows.map((row) => [row.name, row.definition])),
+    view: new Map(views.rows.map((row) => [row.name, row.definition]))
   }
 }
 
@@ -85,9 +89,13 @@ async function dropDefinitions (client: pg.ClientBase): Promise<void> {
     join pg_attribute a on a.attrelid = ad.adrelid and a.attnum = ad.adnum
     where d.refclassid = 'pg_proc'::regclass and d.refobjid in (select p.oid from pg_proc p where ${OURS})`)
   for (const column of defaults) await client.query(`alter table ${column.on} alter column ${column.column} drop default`)
-  // Without cascade: anything else built on them (a view, say) fails here, to be added to the files and this test.
+  // Without cascade: anything else built on them (a view of another name, say) fails here, to be added to the files and this test.
   const { rows: functions } = await client.query<{ name: string }>(`select p.oid::regprocedure::text as name from pg_proc p where ${OURS}`)
   for (const fn of functions) await client.query(`drop function ${fn.name}`)
+  const { rows: views } = await client.query<{ name: string }>(`
+    select c.oid::regclass::text as name from pg_class c
+    where c.relkind = 'v' and c.relnamespace = 'public'::regnamespace and c.relname like 'events\\_%'`)
+  for (const view of views) await client.query(`drop view ${view.name}`)
   const { rows: sequences } = await client.query<{ name: string }>(`
     select c.oid::regclass::text as name from pg_class c
     where c.relkind = 'S' and c.relnamespace = 'public'::regnamespace and c.relname like 'events\\_%'`)
@@ -147,6 +155,7 @@ t.test('db/sql/ states what the migrated database has, object for object', async
   t.ok(result.database.trigger.has('events events_explicit_id') && result.database.trigger.has('events_default events_explicit_id'), 'and its triggers, clones included')
   t.equal(result.database.default.get('events.event_id'), 'events_next_id()', 'and the id default')
   t.ok(result.database.sequence.has('events_settle_mark'), 'and the settle mark')
+  t.ok(result.database.view.has('events_id_drawn'), 'and the view of the ids drawn')
 
   t.same(differences(result), [], 'no object differs, is missing or is extra')
   // Each one's own diff, when one differs.
@@ -169,11 +178,13 @@ t.test('the comparison fails on any real difference', async (t) => {
   const cases: Array<[string, Map<string, string>, string]> = [
     ['a body', changed('readers.sql', 'e.event_id = p + 1)', 'e.event_id = p + 2)'), 'function events_settled(bigint): differs'],
     ['a volatility', changed('readers.sql', 'language plpgsql stable', 'language plpgsql volatile'), 'function events_settled(bigint): differs'],
-    ['security definer', changed('readers.sql', 'language plpgsql volatile security definer', 'language plpgsql volatile'), 'function events_drawn(): differs'],
+    ['security definer', changed('older-replicas.sql', 'returns bigint\nlanguage plpgsql volatile security definer', 'returns bigint\nlanguage plpgsql volatile'), 'function events_drawn(): differs'],
     ['a search_path', changed('keeper.sql', 'security definer set search_path from current', 'security definer set search_path = pg_catalog, public'), 'function events_census(bigint,bigint,text[],bigint[],bigint[]): differs'],
     ['a default argument', changed('keeper.sql', 'pause_ms integer default 0', 'pause_ms integer default 1'), 'function events_keep_order(bigint,integer): differs'],
     ['a trigger', changed('event-ids.sql', 'before update of event_id on events', 'before update on events'), 'trigger events events_id_unchanged: differs'],
     ['a sequence', changed('event-ids.sql', 'minvalue 0 start 1 cache 1', 'minvalue 0 start 1 cache 10'), 'sequence events_event_id_seq: differs'],
+    ['a view', changed('readers.sql', 'else s.last_value - 1 end as drawn', 'else s.last_value end as drawn'), 'view events_id_drawn: differs'],
+    ['an inlined function', changed('readers.sql', 'returns table (settled bigint)\nlanguage sql stable', 'returns table (settled bigint)\nlanguage sql stable strict'), 'function events_settled_row(bigint): differs'],
     ['a grant', changed('event-ids.sql', 'grant select on sequence events_settle_mark to public;', ''), 'sequence events_settle_mark: differs'],
     ['a function left out', changed('keeper.sql', /create or replace function events_timeline\(\)[^]*?\$\$;\n/, ''), 'function events_timeline(): not in db/sql/'],
     ['a function the database lacks', new Map([...files, ['zz-extra.sql', 'create function events_extra() returns int language sql as $$ select 1 $$;']]), 'function events_extra(): in db/sql/, not in the database']

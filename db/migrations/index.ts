@@ -12,6 +12,7 @@ import * as eventsSettledExactly from './0010_events_settled_exactly.js'
 import * as eventsDrawnForReaders from './0011_events_drawn_for_readers.js'
 import * as streamTokenKey from './0012_stream_token_key.js'
 import * as eventsSettledWithoutPartitionLocks from './0013_events_settled_without_partition_locks.js'
+import * as eventsSettledInlined from './0014_events_settled_inlined.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -35,5 +36,6 @@ export const migrations: Record<string, Migration> = {
   '0010_events_settled_exactly': eventsSettledExactly,
   '0011_events_drawn_for_readers': eventsDrawnForReaders,
   '0012_stream_token_key': streamTokenKey,
-  '0013_events_settled_without_partition_locks': eventsSettledWithoutPartitionLocks
+  '0013_events_settled_without_partition_locks': eventsSettledWithoutPartitionLocks,
+  '0014_events_settled_inlined': eventsSettledInlined
 }

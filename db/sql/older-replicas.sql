@@ -1,6 +1,6 @@
 -- What the database keeps for replicas of an older version of this
 -- service, which may run beside this one during a rolling deploy. Nothing
--- in this version calls it.
+-- in this version calls them.
 --
 -- events_settle_bound(): a settled bound as those replicas work it out,
 -- each for itself, rather than reading the keeper's (keeper.sql).
@@ -16,6 +16,10 @@
 --   transaction is younger than the clock's, and the history's floor.
 --
 -- Security definer, its search_path fixed, like the census (keeper.sql).
+--
+-- events_drawn(): events_id_drawn (readers.sql) as a function, which those
+-- replicas call; security definer, its search_path fixed, since a
+-- read-only role has no right on the sequence.
 --
 -- Not a migration: a change is made by a new migration, then copied here
 -- (test/sql-definitions.test.ts fails while the two differ).
@@ -72,5 +76,15 @@ begin
     bound := drawn;
     waiting_pid := null;
   end if;
+end
+$$;
+
+create or replace function events_drawn() returns bigint
+language plpgsql volatile security definer set search_path from current as $$
+begin
+  if pg_is_in_recovery() then
+    return null;
+  end if;
+  return (select case when s.is_called then s.last_value else s.last_value - 1 end from events_event_id_seq s);
 end
 $$;
