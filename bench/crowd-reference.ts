@@ -16,7 +16,7 @@
  *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run bench:crowd-reference
  *   ... npm run bench:crowd-reference -- --pollers 1000 --seconds 10
  *   ... npm run bench:crowd-reference -- --quick            (CI's smoke run)
- *   ... npm run bench:crowd-reference -- --only service --node-args '--cpu-prof --cpu-prof-dir=/tmp/prof'
+ *   ... npm run bench:crowd-reference -- --only service '--node-args=--cpu-prof --cpu-prof-dir=/tmp/prof'   (with =: a value that starts with a dash)
  *
  * The service runs as it ships (npm start's node flags and dist/server.js,
  * built first unless --no-build; --node-args are given to its Node after
