@@ -16,6 +16,8 @@ import { parseArgs } from 'node:util'
 import type pg from 'pg'
 import { ConfigSchema } from '../config.js'
 import { getRunDetail, getThreadDetail, listBlockedTasks, listRuns } from '../db/queries.js'
+import { settledPosition } from '../db/settled-position.js'
+import { builder } from '../db/statement.js'
 import { adminUrl, defaultDatabaseFor, isScaleName, readMarker, root, withDatabase, type Targets } from './common.js'
 
 export const SQL_DIR = join(root, 'bench', 'sql')
@@ -85,12 +87,13 @@ export function hideColonsFromPgbench (statement: string): string {
     body.includes(':') ? `${before}E'${body.replaceAll('\\', '\\\\').replaceAll(':', '\\x3a')}'` : match)
 }
 
-/** The settled position a read reports (X-Event-Cursor), as every statement of db/queries.ts selects it. */
-const EVENT_CURSOR_COLUMN = /\(select r\.settled from events_settled_row\(\$\d+::bigint\) r\)::text as "event_cursor"/
+/** The settled position a read reports (X-Event-Cursor), as every statement of db/queries.ts selects it (db/settled-position.ts), its parameter any. */
+const EVENT_CURSOR = `${settledPosition(0).compile(builder).sql} as "event_cursor"`
+const EVENT_CURSOR_COLUMN = new RegExp(EVENT_CURSOR.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace('\\$1', '\\$\\d+'))
 
 /** The statement without its event cursor: the column stays, null, so the row has the same shape. */
 export function withoutEventCursor (text: string, operation: string): string {
-  if (!EVENT_CURSOR_COLUMN.test(text)) throw new Error(`bench/sql: ${operation} selects no event cursor ((select r.settled from events_settled_row(...) r) as "event_cursor")`)
+  if (!EVENT_CURSOR_COLUMN.test(text)) throw new Error(`bench/sql: ${operation} selects no event cursor (${EVENT_CURSOR})`)
   return text.replace(EVENT_CURSOR_COLUMN, 'null::text as "event_cursor"')
 }
 

@@ -1,5 +1,8 @@
+import { sql } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
+import { settled } from '../db/settled-position.js'
+import { builder } from '../db/statement.js'
 import { testDatabaseUrl } from './helpers/database.js'
 
 /*
@@ -28,8 +31,8 @@ t.test('events_settled on a quiet log locks no partition, however many; past a d
 
   const asked = {
     function: 'select events_settled($1) as p',
-    // As db/settled-position.ts puts it in every read.
-    row: 'select (select r.settled from events_settled_row($1::bigint) r) as p'
+    // What every read's statement holds (db/settled-position.ts): events_settled_row, inlined.
+    row: sql`select ${settled(0)} as p`.compile(builder).sql
   }
   /** The position in a transaction of its own, and the relations it held locked. */
   async function settledWithLocks (known = 0, via: keyof typeof asked = 'function'): Promise<{ position: number, locked: string[] }> {

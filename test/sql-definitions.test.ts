@@ -14,12 +14,12 @@ import { testDatabaseUrl } from './helpers/database.js'
  * How: in one transaction, rolled back, it reads the database's definitions
  * (pg_get_functiondef, pg_get_triggerdef, pg_get_viewdef, pg_sequence, the
  * events column defaults, and their grants), drops those objects, runs
- * db/sql/*.sql, and reads the definitions again. Postgres itself states both readings, so any
- * difference in a function's arguments, defaults, return type, language,
- * volatility, security definer, search_path or body shows, and so does an
- * object the files lack (gone after) or add (new after). Only indentation
- * and blank lines of a function's text are free: each line is compared
- * trimmed.
+ * db/sql/*.sql, and reads the definitions again. Postgres itself states
+ * both readings, so any difference in a function's arguments, defaults,
+ * return type, language, volatility, security definer, search_path or body
+ * shows, and so does an object the files lack (gone after) or add (new
+ * after). Only indentation and blank lines of a function's text are free:
+ * each line is compared trimmed.
  */
 
 const sqlDir = join(dirname(fileURLToPath(import.meta.url)), '../db/sql')
@@ -29,8 +29,10 @@ function sqlFiles (): Map<string, string> {
   return new Map(readdirSync(sqlDir).filter((name) => name.endsWith('.sql')).sort().map((name) => [name, readFileSync(join(sqlDir, name), 'utf8')]))
 }
 
-/** The functions of the event order: named events_* or stream_token* (its views and sequences are named events_*). */
+/** The functions of the event order: named events_* or stream_token*. */
 const OURS = String.raw`p.pronamespace = 'public'::regnamespace and (p.proname like 'events\_%' or p.proname like 'stream\_token%')`
+/** Its relations of one kind (pg_class.relkind: 'S' sequence, 'v' view), as `c`: named events_*. */
+const ourRelations = (kind: 'S' | 'v') => String.raw`c.relkind = '${kind}' and c.relnamespace = 'public'::regnamespace and c.relname like 'events\_%'`
 
 type Kind = 'function' | 'trigger' | 'sequence' | 'default' | 'view'
 type Definitions = Record<Kind, Map<string, string>>
@@ -58,10 +60,10 @@ async function readDefinitions (client: pg.ClientBase): Promise<Definitions> {
           where d.classid = 'pg_class'::regclass and d.objid = c.oid and d.refclassid = 'pg_class'::regclass and d.deptype = 'a'), 'none'),
         coalesce(c.relacl::text, 'default')) as definition
     from pg_sequence s join pg_class c on c.oid = s.seqrelid
-    where c.relnamespace = 'public'::regnamespace and c.relname like 'events\\_%'`)
+    where ${ourRelations('S')}`)
   const views = await client.query<{ name: string, definition: string }>(`
     select c.relname as name, pg_get_viewdef(c.oid) || ' acl ' || coalesce(c.relacl::text, 'default') as definition
-    from pg_class c where c.relkind = 'v' and c.relnamespace = 'public'::regnamespace and c.relname like 'events\\_%'`)
+    from pg_class c where ${ourRelations('v')}`)
   // The parent's: an insert through it takes them (partitions copy them when made).
   const defaults = await client.query<{ name: string, definition: string }>(`
     select 'events.' || a.attname as name, pg_get_expr(d.adbin, d.adrelid) as definition
@@ -92,13 +94,9 @@ async function dropDefinitions (client: pg.ClientBase): Promise<void> {
   // Without cascade: anything else built on them (a view of another name, say) fails here, to be added to the files and this test.
   const { rows: functions } = await client.query<{ name: string }>(`select p.oid::regprocedure::text as name from pg_proc p where ${OURS}`)
   for (const fn of functions) await client.query(`drop function ${fn.name}`)
-  const { rows: views } = await client.query<{ name: string }>(`
-    select c.oid::regclass::text as name from pg_class c
-    where c.relkind = 'v' and c.relnamespace = 'public'::regnamespace and c.relname like 'events\\_%'`)
+  const { rows: views } = await client.query<{ name: string }>(`select c.oid::regclass::text as name from pg_class c where ${ourRelations('v')}`)
   for (const view of views) await client.query(`drop view ${view.name}`)
-  const { rows: sequences } = await client.query<{ name: string }>(`
-    select c.oid::regclass::text as name from pg_class c
-    where c.relkind = 'S' and c.relnamespace = 'public'::regnamespace and c.relname like 'events\\_%'`)
+  const { rows: sequences } = await client.query<{ name: string }>(`select c.oid::regclass::text as name from pg_class c where ${ourRelations('S')}`)
   for (const sequence of sequences) await client.query(`drop sequence ${sequence.name}`)
 }
 
