@@ -94,6 +94,11 @@ export class EventStreams {
     }
     const { hub, reader } = this
     const known = await hub.ready()
+    // Node tells a response's 'close' once, to the listeners it has then: a
+    // client gone before the close below is registered (while a token was
+    // verified, or the hub's first read ran) would leave its stream open
+    // for good, holding a slot of SSE_MAX_STREAMS. Nothing is sent to it.
+    if (reply.raw.destroyed) return
     // A Durable Streams read says when it is up to date: it reads up to the
     // position a read now sees (the hub's head may be a poll behind), set below.
     let upTo = 0

@@ -178,8 +178,13 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
 
   /** A long-poll: the events that came, or 204 when none did in time. */
   function longPoll (offset: StreamOffset, cursor: number | undefined, reply: FastifyReply, filter: EventFilter) {
-    // Stopped only when the client leaves before its answer (a 'close' after the answer is every request's).
-    const whenGone = (stop: () => void) => reply.raw.on('close', () => { if (!reply.raw.writableEnded) stop() })
+    // Stopped only when the client leaves before its answer (a 'close' after
+    // the answer is every request's); one gone already (its 'close' told
+    // before this listener) stops at once rather than at the timeout.
+    const whenGone = (stop: () => void) => {
+      if (reply.raw.destroyed) stop()
+      else reply.raw.on('close', () => { if (!reply.raw.writableEnded) stop() })
+    }
     return events.durable.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone).then((page) => {
       reply.header('stream-cursor', nextStreamCursor(Date.now(), cursor))
       if (page.events.length > 0) return sendPage(reply, page)

@@ -17,6 +17,8 @@ export interface TestIssuer {
   rotate: (options?: { drop?: boolean }) => Promise<void>
   /** How many times the JWKS was fetched. */
   jwksFetches: () => number
+  /** Holds the JWKS's answers (a slow identity provider) until the function returned is called. */
+  holdKeys: () => () => void
   /** The claims the sign-in puts in its tokens (change them to test refusals). */
   user: JWTPayload
   /** Set: the discovery document answers 503. */
@@ -57,6 +59,7 @@ async function body (request: IncomingMessage): Promise<string> {
 export async function startIssuer (t: { teardown: (fn: () => void) => void }, options: { path?: string } = {}): Promise<TestIssuer> {
   let keys = [await newKey()]
   let fetches = 0
+  let keysHeld: Promise<void> | undefined
   const codes = new Map<string, { challenge: string, clientId: string, redirect: string, nonce: string | null }>()
   const user: JWTPayload = { sub: 'ada', email: 'ada@example.com' }
   const state = { unavailable: false, discovery: {} as Record<string, unknown> }
@@ -79,6 +82,7 @@ export async function startIssuer (t: { teardown: (fn: () => void) => void }, op
       }
       if (url.pathname === `${path}/jwks`) {
         fetches++
+        await keysHeld
         return json(200, { keys: keys.map((key) => key.jwk) })
       }
       if (url.pathname === `${path}/authorize`) {
@@ -131,6 +135,11 @@ export async function startIssuer (t: { teardown: (fn: () => void) => void }, op
       keys = rotateOptions.drop === true ? [next] : [next, ...keys]
     },
     jwksFetches: () => fetches,
+    holdKeys () {
+      let release!: () => void
+      keysHeld = new Promise<void>((resolve) => { release = resolve })
+      return () => { keysHeld = undefined; release() }
+    },
     user
   })
 }
