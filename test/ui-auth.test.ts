@@ -3,7 +3,7 @@ import type { Page } from 'playwright-core'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
 import { build } from './helpers/app.js'
-import { assertNoProblems, openPage, screenshot, SERVICE_RESTART } from './helpers/browser.js'
+import { assertNoProblems, openPage, READY_MS, screenshot, SERVICE_RESTART } from './helpers/browser.js'
 import { startIssuer } from './helpers/issuer.js'
 import { insertGraph, makeRun, makeTask, writer } from './helpers/fixtures.js'
 
@@ -90,7 +90,7 @@ t.test('static tokens: the form; a wrong token refused, saying so; the right one
 
   await signInWith(page, TOKEN)
   await page.locator('h1', { hasText: 'Rotate the signing keys' }).waitFor()
-  await page.locator('.live.is-live').waitFor({ timeout: 5000 })
+  await page.locator('.live.is-live').waitFor({ timeout: READY_MS })
   t.match(page.url(), /#\/runs\/run-ua$/, 'on the page asked for')
   t.match(await page.locator('.account').textContent(), /Signed in with a token/)
   const started = Date.now()
@@ -111,12 +111,12 @@ t.test('static tokens: the form; a wrong token refused, saying so; the right one
 
   await page.reload()
   await page.locator('h1', { hasText: 'Rotate the signing keys' }).waitFor()
-  await page.locator('.live.is-live').waitFor({ timeout: 5000 })
+  await page.locator('.live.is-live').waitFor({ timeout: READY_MS })
   t.equal(await page.locator(FORM).count(), 0, 'a reload keeps the session: no form')
 
   await page.getByRole('link', { name: 'Activity' }).click()
   await page.locator('h1', { hasText: 'Activity' }).waitFor()
-  await page.locator('.live.is-live').waitFor({ timeout: 5000 })
+  await page.locator('.live.is-live').waitFor({ timeout: READY_MS })
   t.match(requests.filter((request) => request.url.includes('/api/stream-token')).at(-1), { url: /\/api\/stream-token$/ }, 'the activity page: an all-events stream token')
 
   await page.getByRole('button', { name: 'Sign out' }).click()
@@ -180,7 +180,7 @@ t.test('an identity provider: a pasted JWT; an expired one refused, saying so; "
   const jwt = await issuer.sign({ email: 'grace@example.com' })
   await signInWith(page, jwt)
   await page.locator('h1', { hasText: 'Rotate the signing keys' }).waitFor()
-  await page.locator('.live.is-live').waitFor({ timeout: 5000 })
+  await page.locator('.live.is-live').waitFor({ timeout: READY_MS })
   t.match(await page.locator('.account').textContent(), /Signed in as grace@example\.com/)
   t.notOk(requests.some((request) => request.url.includes(jwt)), 'the JWT is in no URL')
   t.ok(requests.some((request) => /\/api\/events\/stream\?.*stream_token=/.test(request.url)), 'the stream opened with a stream token')
@@ -191,7 +191,7 @@ t.test('an identity provider: a pasted JWT; an expired one refused, saying so; "
   page.on('framenavigated', (frame) => { if (frame === page.mainFrame()) navigations.push(frame.url()) })
   await page.getByRole('button', { name: `Sign in with ${host}` }).click()
   await page.locator('h1', { hasText: 'Rotate the signing keys' }).waitFor({ timeout: 10_000 })
-  await page.locator('.live.is-live').waitFor({ timeout: 5000 })
+  await page.locator('.live.is-live').waitFor({ timeout: READY_MS })
   t.match(await page.locator('.account').textContent(), /Signed in as ada@example\.com/, 'signed in as the provider\'s user')
   t.equal(page.url(), `${url}/#/runs/run-ua`, 'the address cleaned of the code and state, on the page it started from')
   const authorize = new URL(navigations.find((address) => address.startsWith(`${issuer.url}/authorize`)) ?? requests.find((request) => request.url.startsWith(`${issuer.url}/authorize`))!.url)

@@ -4,9 +4,10 @@ import { createHash } from 'node:crypto'
 import t, { type Test } from 'tap'
 import { UI_INLINE_SCRIPT_HASHES } from '../plugins/external/helmet.js'
 import { build } from './helpers/app.js'
-import { assertNoProblems, openPage, screenshot, SERVICE_RESTART } from './helpers/browser.js'
+import { assertNoProblems, openPage, READY_MS, screenshot, SERVICE_RESTART } from './helpers/browser.js'
 import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
 import { insertEvents } from './helpers/sse.js'
+import { waitUntil } from './helpers/wait.js'
 
 // The web UI in a real browser (Debian's chromium, driven by playwright-core):
 // pages render, reflect committed changes live, and recover from a restart.
@@ -121,7 +122,7 @@ t.test('the page recovers after the service restarts', async (t) => {
   const first = await serve(t)
   const page = await openPage(t, `${first.url}/#/runs/run-ui`, { expectedConsole: [SERVICE_RESTART] })
   await first.app.close()
-  await page.locator('.live:not(.is-live)').waitFor({ timeout: 5000 })
+  await page.locator('.live:not(.is-live)').waitFor({ timeout: READY_MS })
   t.match(await page.locator('.live').textContent(), /Reconnecting|Offline/, 'it says it is not live')
   // A change committed while the service is down, then the service returns on the same port.
   await commitTaskStatus('task-schema', 'failed')
@@ -142,7 +143,7 @@ t.test('the page recovers by itself when the history has moved past its cursor (
   const refused: string[] = []
   page.on('response', (response) => { if (response.status() === 410) refused.push(response.url()) })
   await first.app.close()
-  await page.locator('.live:not(.is-live)').waitFor({ timeout: 5000 })
+  await page.locator('.live:not(.is-live)').waitFor({ timeout: READY_MS })
   // While the page is away: a change, and a history whose floor (EVENTS_RETENTION) is past the page's cursor.
   await commitTaskStatus('task-rounding', 'failed')
   const db = await writer()
@@ -150,7 +151,7 @@ t.test('the page recovers by itself when the history has moved past its cursor (
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
   await serve(t, first.port)
   await page.locator('tr[data-task="task-rounding"] .task-status', { hasText: 'failed' }).waitFor({ timeout: 10_000 })
-  await page.locator('.live.is-live').waitFor({ timeout: 5000 })
+  await page.locator('.live.is-live').waitFor({ timeout: READY_MS })
   t.match(refused, [/\/api\/events\/stream\?run_id=run-ui&after_event_id=\d+$/], 'its stream was refused with 410')
   t.pass('it refetched the run, and is live again')
   await commitTaskStatus('task-rounding', 'blocked')
@@ -222,10 +223,14 @@ t.test('relative times tick: a run\'s "started N s ago" moves on without a redra
   await started.evaluate((element) => element.setAttribute('data-drawn-first', ''))
   const before = await started.textContent()
   t.match(before, /^\d+ s ago$/)
-  await new Promise((resolve) => setTimeout(resolve, 2500))
-  const after = await page.locator('time[data-drawn-first]').textContent()
+  // Drawn again each second, at the timer's own phase: a stamp may be up to
+  // a second stale (more on a busy machine), so wait for it to move on.
+  const later = Number.parseInt(before!) + 2
+  const stamp = page.locator('time[data-drawn-first]')
+  await waitUntil(async () => Number.parseInt(await stamp.textContent() ?? '') >= later, `"${later} s ago"`, READY_MS)
+  const after = await stamp.textContent()
   t.match(after, /^\d+ s ago$/, 'the same element, not a new snapshot\'s')
-  t.ok(Number.parseInt(after!) >= Number.parseInt(before!) + 2, `${before}, then ${after}`)
+  t.ok(Number.parseInt(after!) >= later, `${before}, then ${after}`)
 })
 
 t.test('the activity page\'s "updated" moves with each event that arrives', async (t) => {
