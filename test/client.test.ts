@@ -307,7 +307,7 @@ t.test('liveRun: after the history moved past its cursor (410), it reads and sub
   await serve(t, {}, first.port)
   await waitUntil(() => snapshots.at(-1)?.tasks.find((task) => task.task_id === 'task-a')?.status === 'failed', 'the change made while away', 10_000)
   await commitTask('run-c1', 'task-a', 'running')
-  await waitUntil(() => snapshots.at(-1)?.tasks.find((task) => task.task_id === 'task-a')?.status === 'running', 'a change made after it resubscribed', 5000)
+  await waitUntil(() => snapshots.at(-1)?.tasks.find((task) => task.task_id === 'task-a')?.status === 'running', 'a change made after it resubscribed')
   t.same(snapshots.at(-1), (await client.run('run-c1')).run)
 })
 

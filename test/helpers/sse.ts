@@ -24,6 +24,7 @@ export interface RawStream {
   frames: Frame[]
   /** The data frames, parsed. */
   events: () => Array<{ event_id: number, [key: string]: unknown }>
+  /** Resolves once `done` holds; fails after `timeoutMs` (15 s by default: generous, as waitUntil is). */
   waitFor: (done: (stream: RawStream) => boolean, timeoutMs?: number) => Promise<void>
   ended: Promise<void>
   close: () => void
@@ -41,7 +42,7 @@ export function openStream (baseUrl: string, path: string, headers: Record<strin
         body: '',
         frames: [],
         events: () => stream.frames.filter((frame) => frame.data !== undefined).map((frame) => JSON.parse(frame.data!)),
-        waitFor: (done, timeoutMs = 5000) => new Promise<void>((resolveWait, rejectWait) => {
+        waitFor: (done, timeoutMs = 15_000) => new Promise<void>((resolveWait, rejectWait) => {
           if (done(stream)) { resolveWait(); return }
           const check = () => {
             if (!done(stream)) return
