@@ -1,3 +1,4 @@
+import type { Socket } from 'node:net'
 import pg from 'pg'
 
 /*
@@ -11,8 +12,14 @@ import pg from 'pg'
  * cores (BENCHMARKS.md, "A small run detail"): a sixth more reads a
  * second, and a p99 of 13 to 15 ms where the pool's was 110 to 180.
  *
+ * The reads of one turn of the event loop (db/statement.ts sends them
+ * together, in batch()) go to one connection, up to TURN_BATCH_MAX, whose
+ * socket is corked meanwhile: their statements leave in one write system
+ * call rather than one each, the service's largest single cost per read
+ * on two cores (BENCHMARKS.md, "A small run detail").
+ *
  * The price is head-of-line waiting: a statement queued behind a slow one
- * on the same connection waits for it. Each read goes to the connection
+ * on the same connection waits for it. A turn's reads go to the connection
  * with the fewest statements in flight, and another connection is opened
  * while every open one is busy, up to `size`. A connection that has not
  * answered for STALLED_MS while it has statements in flight is behind a
@@ -27,6 +34,8 @@ export const STALLED_MS = 50
 /** One connection in pipeline mode, and how many statements it has in flight. */
 class PipelinedConnection {
   inFlight = 0
+  /** Connected: a statement given now is written at once. */
+  connected = false
   /** When it last answered a statement or, idle, was given one (performance.now()). */
   movedAt = 0
   readonly client: pg.Client
@@ -40,7 +49,7 @@ class PipelinedConnection {
     // 503); this listener keeps the process up and the connection out of use.
     this.client.on('error', () => dropped(this))
     this.client.on('end', () => dropped(this))
-    this.ready = this.client.connect().then(() => {}, (err: unknown) => {
+    this.ready = this.client.connect().then(() => { this.connected = true }, (err: unknown) => {
       dropped(this)
       throw err
     })
@@ -56,6 +65,11 @@ class PipelinedConnection {
     if (this.inFlight++ === 0) this.movedAt = now
   }
 
+  /** Its socket (pg's), to hold a turn's statements for one write. */
+  get socket (): Socket {
+    return (this.client as unknown as { connection: { stream: Socket } }).connection.stream
+  }
+
   /** One statement less in flight. */
   answered (): void {
     this.inFlight--
@@ -64,9 +78,14 @@ class PipelinedConnection {
   }
 }
 
+/** The most statements one turn's batch puts on one connection before it takes the next least busy one. */
+export const TURN_BATCH_MAX = 4
+
 export class PipelinedConnections {
   readonly #open: PipelinedConnection[] = []
   #ended = false
+  /** In a turn's batch (batch()): the connection its statements go to, and those corked meanwhile. */
+  #turn: { connection: PipelinedConnection | undefined, corked: Socket[] } | undefined
   /** Looks for idle connections to close while any is open. */
   #sweeper: NodeJS.Timeout | undefined
 
@@ -99,10 +118,12 @@ export class PipelinedConnections {
       throw new Error('Cannot use a pool after calling end on the pool')
     }
     const now = performance.now()
-    const connection = this.#leastBusy(now)
+    const connection = this.#pick(now)
     connection.given(now)
     try {
-      await connection.ready.finally(sent)
+      // Connected: written now, synchronously (a turn's batch holds it for one write).
+      if (connection.connected) sent()
+      else await connection.ready.finally(sent)
       return await use(connection.client).catch((err: unknown) => {
         // A session survives an error of a statement (severity ERROR); any
         // other failure (FATAL, a connection lost or timed out) ends it, and
@@ -113,6 +134,38 @@ export class PipelinedConnections {
     } finally {
       connection.answered()
     }
+  }
+
+  /**
+   * Runs `fn`, whose run() calls are one turn's reads: they go to one
+   * connection (up to TURN_BATCH_MAX, then the next least busy), whose
+   * socket is corked until `fn` returns, so that their statements leave
+   * in one write rather than one each.
+   */
+  batch (fn: () => void): void {
+    const turn = this.#turn = { connection: undefined as PipelinedConnection | undefined, corked: [] as Socket[] }
+    try {
+      fn()
+    } finally {
+      this.#turn = undefined
+      for (const socket of turn.corked) socket.uncork()
+    }
+  }
+
+  /** The connection for a statement: the turn's, while it has room, else the least busy (corked, in a turn). */
+  #pick (now: number): PipelinedConnection {
+    const turn = this.#turn
+    if (turn === undefined) return this.#leastBusy(now)
+    if (turn.connection !== undefined && turn.connection.inFlight < TURN_BATCH_MAX) return turn.connection
+    const connection = turn.connection = this.#leastBusy(now)
+    if (connection.connected) {
+      const socket = connection.socket
+      if (!turn.corked.includes(socket)) {
+        socket.cork()
+        turn.corked.push(socket)
+      }
+    }
+    return connection
   }
 
   /**

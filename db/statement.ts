@@ -87,8 +87,26 @@ export interface ReadCounts {
 class Gathering {
   readonly counts: ReadCounts = { reads: 0, shared: 0 }
   readonly #waiting = new Map<string, Promise<unknown>>()
+  /** The reads of this turn, sent together once its I/O is handled. */
+  #turn: Array<() => void> | undefined
 
   constructor (readonly pool: pg.Pool) {}
+
+  /** Sends this turn's reads at once: on pipelined connections, as one batch (db/pipeline.ts). */
+  #send (read: () => void): void {
+    if (this.#turn !== undefined) {
+      this.#turn.push(read)
+      return
+    }
+    const turn = this.#turn = [read]
+    setImmediate(() => {
+      this.#turn = undefined
+      const sendAll = () => { for (const each of turn) each() }
+      const pipeline = this.pool instanceof ReadPool ? this.pool.pipeline : undefined
+      if (pipeline === undefined) sendAll()
+      else pipeline.batch(sendAll)
+    })
+  }
 
   read<Row extends pg.QueryResultRow> (statement: Statement<unknown[]>, values: unknown[]): Promise<Row | undefined> {
     this.counts.reads++
@@ -98,7 +116,7 @@ class Gathering {
       this.counts.shared++
       return waiting as Promise<Row | undefined>
     }
-    const row = new Promise<Row | undefined>((resolve) => setImmediate(() => {
+    const row = new Promise<Row | undefined>((resolve) => this.#send(() => {
       resolve(execute<Row>(this.pool, statement, values, () => this.#waiting.delete(key)))
     }))
     this.#waiting.set(key, row)

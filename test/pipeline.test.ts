@@ -1,7 +1,8 @@
 import { sql } from 'kysely'
+import { Socket } from 'node:net'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { PipelinedConnections, STALLED_MS } from '../db/pipeline.js'
+import { PipelinedConnections, STALLED_MS, TURN_BATCH_MAX } from '../db/pipeline.js'
 import { createReadPool, ReadPool } from '../db/pool.js'
 import { builder, queryRow, Statement } from '../db/statement.js'
 import { isDatabaseUnavailable } from '../errors.js'
@@ -41,14 +42,54 @@ t.test('reads share one connection while it keeps up; another opens only while e
   t.equal(pipeline.openCount, 2, 'six at once: two connections, no more')
   // The embedded database's bridge serves every connection from one backend.
   if (testBackend === 'server') t.equal(new Set(together.map((row) => row?.pid)).size, 2, 'each statement on one of the two')
-  t.ok(Date.now() - started >= 550, 'three statements after each other on each')
+  t.ok(Date.now() - started >= 550, 'statements after each other on each (a turn\'s first four on one)')
   t.equal(pipeline.inFlightCount, 0, 'nothing in flight once answered')
   t.equal(pool.totalCount, 0, 'the pool itself was not used')
 })
 
+/** Counts the writes (system calls) to the test's database server, over every socket, while `fn` runs. */
+async function socketWrites<T> (fn: () => Promise<T>): Promise<{ result: T, writes: number }> {
+  const port = Number(new URL(await testDatabaseUrl()).port || 5432)
+  const proto = Socket.prototype as unknown as { _write: (...args: unknown[]) => unknown, _writev: (...args: unknown[]) => unknown }
+  const { _write: write, _writev: writev } = proto
+  let writes = 0
+  // Only the client's side: the embedded database's bridge answers in this process too.
+  proto._write = function (this: Socket, ...args: unknown[]) { if (this.remotePort === port) writes++; return write.apply(this, args) }
+  proto._writev = function (this: Socket, ...args: unknown[]) { if (this.remotePort === port) writes++; return writev.apply(this, args) }
+  try {
+    return { result: await fn(), writes }
+  } finally {
+    Object.assign(proto, { _write: write, _writev: writev })
+  }
+}
+
+t.test('a turn\'s reads leave in one write: up to TURN_BATCH_MAX on one connection, then the next', async (t) => {
+  const pool = await pipelinedPool(t, 2)
+  const read = (tag: string) => queryRow<{ pid: number, tag: string }, [string, number]>(pool, backendAfterSleep, tag, 0)
+  await read('warm') // one connection open
+  const three = await socketWrites(() => Promise.all(['a', 'b', 'c'].map(read)))
+  t.same(three.result.map((row) => row?.tag), ['a', 'b', 'c'], 'each read its own row')
+  t.equal(three.writes, 1, 'three statements, one write')
+  t.equal(new Set(three.result.map((row) => row?.pid)).size, 1, 'on one connection')
+
+  const tags = Array.from({ length: TURN_BATCH_MAX + 2 }, (_, i) => `t${i}`)
+  const more = await socketWrites(() => Promise.all(tags.map(read)))
+  t.same(more.result.map((row) => row?.tag), tags, 'past the batch\'s bound, each read its own row too')
+  t.equal(pool.pipeline!.openCount, 2, 'the rest went to another connection')
+  if (testBackend === 'server') t.equal(new Set(more.result.map((row) => row?.pid)).size, 2, 'on its own backend')
+
+  // A pipeline of one: past the bound, the turn's connection again, still corked.
+  const single = await pipelinedPool(t, 1)
+  await queryRow(single, quotient, 1, 1)
+  const crowded = await socketWrites(() => Promise.all(tags.map((tag) => queryRow<{ tag: string }, [string, number]>(single, backendAfterSleep, tag, 0))))
+  t.same(crowded.result.map((row) => row?.tag), tags)
+  t.equal(crowded.writes, 1, `${tags.length} statements on the one connection, one write`)
+})
+
 t.test('a connection behind a slow statement gets no more reads while another can take them', async (t) => {
   const pool = await pipelinedPool(t, 2)
-  const warm = await Promise.all(['w1', 'w2'].map((tag) => queryRow<{ pid: number }, [string, number]>(pool, backendAfterSleep, tag, 0.05)))
+  // One more than a turn puts on one connection: two open.
+  const warm = await Promise.all(Array.from({ length: TURN_BATCH_MAX + 1 }, (_, i) => queryRow<{ pid: number }, [string, number]>(pool, backendAfterSleep, `w${i}`, 0.05)))
   t.equal(pool.pipeline!.openCount, 2)
   let slowDone = false
   const slow = queryRow<{ pid: number }, [string, number]>(pool, backendAfterSleep, 'slow', 1).then((row) => { slowDone = true; return row })
