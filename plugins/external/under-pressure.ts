@@ -22,6 +22,9 @@ const RETRY_AFTER_SECONDS = 2
 /** How often under-pressure samples the event loop's delay. */
 const SAMPLE_INTERVAL_MS = 250
 
+/** How long after the start event-loop delay sheds nothing: until a whole sample has been taken after it. */
+export const START_GRACE_MS = 2 * SAMPLE_INTERVAL_MS
+
 /**
  * Load shedding: when the event loop lags past MAX_EVENT_LOOP_DELAY_MS, or
  * the heap passes MAX_HEAP_USED_BYTES (90% of V8's limit by default), or
@@ -35,7 +38,7 @@ const SAMPLE_INTERVAL_MS = 250
 export default fp(async function underPressurePlugin (app) {
   const { MAX_EVENT_LOOP_DELAY_MS, MAX_HEAP_USED_BYTES, MAX_RSS_BYTES } = app.config
   let measuresLoadFrom = Infinity
-  app.addHook('onReady', async () => { measuresLoadFrom = performance.now() + 2 * SAMPLE_INTERVAL_MS })
+  app.addHook('onReady', async () => { measuresLoadFrom = performance.now() + START_GRACE_MS })
   await app.register(underPressure, {
     maxEventLoopDelay: MAX_EVENT_LOOP_DELAY_MS,
     maxHeapUsedBytes: MAX_HEAP_USED_BYTES || Math.floor(getHeapStatistics().heap_size_limit * 0.9),
