@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto'
 import { DummyDriver, Kysely, PostgresAdapter, PostgresIntrospector, PostgresQueryCompiler, type Compilable } from 'kysely'
 import type pg from 'pg'
+import type { PipelinedConnections } from './pipeline.js'
 import { ReadPool } from './pool.js'
 import type { Database, Db } from './schema.js'
 
@@ -89,8 +90,12 @@ class Gathering {
   readonly #waiting = new Map<string, Promise<unknown>>()
   /** The reads of this turn, sent together once its I/O is handled. */
   #turn: Array<() => void> | undefined
+  /** The pool's pipelined connections, which take a turn's reads as one batch. */
+  readonly #pipeline: PipelinedConnections | undefined
 
-  constructor (readonly pool: pg.Pool) {}
+  constructor (readonly pool: pg.Pool) {
+    this.#pipeline = pool instanceof ReadPool ? pool.pipeline : undefined
+  }
 
   /** Sends this turn's reads at once: on pipelined connections, as one batch (db/pipeline.ts). */
   #send (read: () => void): void {
@@ -102,9 +107,8 @@ class Gathering {
     setImmediate(() => {
       this.#turn = undefined
       const sendAll = () => { for (const each of turn) each() }
-      const pipeline = this.pool instanceof ReadPool ? this.pool.pipeline : undefined
-      if (pipeline === undefined) sendAll()
-      else pipeline.batch(sendAll)
+      if (this.#pipeline === undefined) sendAll()
+      else this.#pipeline.batch(sendAll)
     })
   }
 

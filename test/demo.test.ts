@@ -31,7 +31,7 @@ t.test('the demo produces every event type, which a subscriber sees', async (t) 
     steps++
     if (steps % 25 === 0) await new Promise((resolve) => setTimeout(resolve, 60)) // let the poller deliver
   }
-  await stream.waitFor((s) => EVENT_TYPES.every((type) => new Set(s.events().map((event) => event.event_type as string)).has(type)), 15_000)
+  await stream.waitFor((s) => EVENT_TYPES.every((type) => new Set(s.events().map((event) => event.event_type as string)).has(type)))
   t.same(EVENT_TYPES.filter((type) => !seen().has(type)), [], `every event type of the contract within ${steps} steps`)
   const ids = stream.events().map((event) => event.event_id)
   t.same(ids, [...ids].sort((a, b) => a - b), 'ascending')

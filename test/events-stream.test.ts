@@ -148,7 +148,7 @@ t.test('quiet streams get keep-alive comments, and a filtered one id-only blocks
   t.teardown(stream.close)
   await stream.waitFor((s) => s.frames.some((frame) => frame.comments.includes('keep-alive')))
   const [other] = await insertEvents({ run_id: 'someone-else' })
-  await stream.waitFor((s) => s.frames.some((frame) => frame.id === String(other) && frame.data === undefined), 15_000)
+  await stream.waitFor((s) => s.frames.some((frame) => frame.id === String(other) && frame.data === undefined))
   t.same(stream.events(), [], 'no event of another run was sent')
   const block = stream.frames.find((frame) => frame.id === String(other))!
   t.same(block, { id: String(other), comments: [] }, 'an id-only block: id, no data')
