@@ -21,7 +21,10 @@
  * The service runs as it ships (npm start's node flags and dist/server.js,
  * built first unless --no-build; --node-args are given to its Node after
  * them, so that a flag there wins). "server CPU" is the
- * CPU time its process used while the appends ran (Linux's /proc).
+ * CPU time its process used while the appends ran (Linux's /proc); "client
+ * CPU" is this process's in the same span, and "span" that span's wall
+ * time (the appends' 20 s and a second, or more when this one client
+ * process is saturated: then its CPU nears the span).
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { Agent, request } from 'node:http'
@@ -129,18 +132,22 @@ async function service (): Promise<Server> {
   }
 }
 
-interface Figures { latencies: number[], cpu: number, shed: number, errors: number, connections: number, deliveries: number, skipped: number }
+interface Figures { latencies: number[], cpu: number, clientCpu: number, span: number, shed: number, errors: number, connections: number, deliveries: number, skipped: number }
 
 async function crowd (server: Server): Promise<Figures> {
-  const agent = new Agent({ keepAlive: true, maxSockets: Infinity })
+  // One keep-alive agent per poller, as each browser tab or client has its
+  // own: one agent for all searches its list of 5,000 sockets at every
+  // answer (Agent.removeSocket, 8 % of this process's CPU), and this
+  // process is already what sets the pace (BENCHMARKS.md).
+  const agents: Agent[] = []
   const sockets = new WeakSet<Socket>()
-  const figures: Figures = { latencies: [], cpu: 0, shed: 0, errors: 0, connections: 0, deliveries: 0, skipped: 0 }
+  const figures: Figures = { latencies: [], cpu: 0, clientCpu: 0, span: 0, shed: 0, errors: 0, connections: 0, deliveries: 0, skipped: 0 }
   const sentAt = new Map<number, number>()
   let stopped = false
   let waiting = 0
   let warmed = 0
   /** Each poller's last message: a message it never got, with a later one, is skipped (the servers must not). */
-  const poll = (offset: string, cursor: string | undefined, last = -1) => {
+  const poll = (agent: Agent, offset: string, cursor: string | undefined, last = -1) => {
     if (stopped) return
     const query = new URLSearchParams({ offset, live: 'long-poll', ...(cursor === undefined ? {} : { cursor }) })
     const req = request({ host: '127.0.0.1', port: server.port, path: `${server.path}?${query.toString()}`, agent }, (res) => {
@@ -163,20 +170,20 @@ async function crowd (server: Server): Promise<Figures> {
         }
         if (res.statusCode === 503) {
           figures.shed++
-          setTimeout(() => poll(offset, cursor, last), Number(res.headers['retry-after'] ?? 1) * 1000)
+          setTimeout(() => poll(agent, offset, cursor, last), Number(res.headers['retry-after'] ?? 1) * 1000)
           return
         }
-        poll(String(res.headers['stream-next-offset'] ?? offset), res.headers['stream-cursor'] as string | undefined, last)
+        poll(agent, String(res.headers['stream-next-offset'] ?? offset), res.headers['stream-cursor'] as string | undefined, last)
       })
     })
     req.on('socket', (socket) => { if (!sockets.has(socket)) { sockets.add(socket); figures.connections++ } })
-    req.on('error', () => { waiting--; figures.errors++; if (!stopped) setTimeout(() => poll(offset, cursor, last), 100) })
+    req.on('error', () => { waiting--; figures.errors++; if (!stopped) setTimeout(() => poll(agent, offset, cursor, last), 100) })
     waiting++
     req.end()
   }
   // Every poller from the same tail, read once (5,000 reads of `now` would race the first appends).
   const tail = (await fetch(`http://127.0.0.1:${server.port}${server.path}?offset=now`)).headers.get('stream-next-offset')!
-  for (let i = 0; i < pollers; i++) poll(tail, undefined)
+  for (let i = 0; i < pollers; i++) poll(agents[agents.push(new Agent({ keepAlive: true, maxSockets: 1 })) - 1]!, tail, undefined)
   for (let attempt = 0; attempt < 600 && waiting < pollers; attempt++) await sleep(50)
   // A message not measured, until every poller has it: each is then waiting on the server, not in its backlog.
   await server.append(WARM_UP)
@@ -184,6 +191,8 @@ async function crowd (server: Server): Promise<Figures> {
   await sleep(1000)
   const appends = Math.round(seconds * 1000 / intervalMs)
   const cpuBefore = cpuSeconds(server.child.pid)
+  const clientBefore = process.cpuUsage()
+  const spanBegan = performance.now()
   for (let n = 0; n < appends; n++) {
     const started = performance.now()
     sentAt.set(n, started)
@@ -192,8 +201,11 @@ async function crowd (server: Server): Promise<Figures> {
   }
   await sleep(Math.min(5000, 5 * intervalMs))
   figures.cpu = cpuSeconds(server.child.pid) - cpuBefore
+  const client = process.cpuUsage(clientBefore)
+  figures.clientCpu = (client.user + client.system) / 1e6
+  figures.span = (performance.now() - spanBegan) / 1000
   stopped = true
-  agent.destroy()
+  for (const agent of agents) agent.destroy()
   figures.latencies.sort((a, b) => a - b)
   return figures
 }
@@ -204,8 +216,8 @@ if (!args['no-build']) {
   if (build.status !== 0) throw new Error('npm run build failed')
 }
 console.log(`\nbench:crowd-reference, Node ${process.version}: ${pollers} long-pollers on one stream, an append every ${intervalMs} ms for ${seconds} s, ${rounds} round(s)\n`)
-console.log('| round | server | delivery p50 | p99 | max | deliveries (of pollers × appends) | skipped | 503s | TCP connections | errors | server CPU |')
-console.log('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+console.log('| round | server | delivery p50 | p99 | max | deliveries (of pollers × appends) | skipped | 503s | TCP connections | errors | server CPU | client CPU | span |')
+console.log('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
 const figures: Record<string, Figures[]> = {}
 for (let round = 1; round <= rounds; round++) {
   for (const start of args.only === 'service' ? [service] : args.only === 'reference' ? [reference] : [reference, service]) {
@@ -215,11 +227,11 @@ for (let round = 1; round <= rounds; round++) {
       ;(figures[server.name] ??= []).push(result)
       const { latencies } = result
       const expected = pollers * Math.round(seconds * 1000 / intervalMs)
-      console.log(`| ${round} | ${server.name} | ${percentile(latencies, 0.5).toFixed(0)} ms | ${percentile(latencies, 0.99).toFixed(0)} ms | ${(latencies.at(-1) ?? Number.NaN).toFixed(0)} ms | ${result.deliveries} (${expected}) | ${result.skipped} | ${result.shed} | ${result.connections} | ${result.errors} | ${result.cpu.toFixed(1)} s |`)
+      console.log(`| ${round} | ${server.name} | ${percentile(latencies, 0.5).toFixed(0)} ms | ${percentile(latencies, 0.99).toFixed(0)} ms | ${(latencies.at(-1) ?? Number.NaN).toFixed(0)} ms | ${result.deliveries} (${expected}) | ${result.skipped} | ${result.shed} | ${result.connections} | ${result.errors} | ${result.cpu.toFixed(1)} s | ${result.clientCpu.toFixed(1)} s | ${result.span.toFixed(1)} s |`)
     } finally {
       await server.close()
     }
     await sleep(2000)
   }
 }
-console.log(`figure ${JSON.stringify(Object.fromEntries(Object.entries(figures).map(([name, runs]) => [name, runs.map((run) => ({ p50: percentile(run.latencies, 0.5), p99: percentile(run.latencies, 0.99), shed: run.shed, connections: run.connections, deliveries: run.deliveries, cpu: run.cpu }))])))}`)
+console.log(`figure ${JSON.stringify(Object.fromEntries(Object.entries(figures).map(([name, runs]) => [name, runs.map((run) => ({ p50: percentile(run.latencies, 0.5), p99: percentile(run.latencies, 0.99), shed: run.shed, connections: run.connections, deliveries: run.deliveries, cpu: run.cpu, clientCpu: run.clientCpu }))])))}`)
