@@ -288,7 +288,6 @@ export class EventHub {
       this.#timelineLogged = false
       this.#readTimeline = state.timeline
       const window = this.#window!
-      window.raiseFloor(state.floor)
       let settled = Math.max(head, state.settled)
       // Events above a hole, not read again while it waits.
       if (waiting) hole = true
@@ -308,6 +307,8 @@ export class EventHub {
       if (readAll) head = settled
       this.#head = head
       window.advance(head)
+      // After the events: one of them may lie at or below a floor read with them.
+      window.raiseFloor(state.floor)
       if (readAll) break
     }
     this.#lastPollAt = Date.now()
