@@ -1,5 +1,5 @@
 import type { FastifyInstance } from 'fastify'
-import { SignJWT } from 'jose'
+import { decodeJwt, SignJWT } from 'jose'
 import t, { type Test } from 'tap'
 import { JwtIssuers } from '../plugins/app/auth/jwt-issuers.js'
 import { STREAM_TOKEN_ISSUER, StreamTokens } from '../plugins/app/auth/stream-tokens.js'
@@ -234,7 +234,8 @@ t.test('CI tokens: an issuer\'s claims must match its rules', async (t) => {
 
 t.test('keys: a rotated key is fetched once for its new kid; unknown kids are rate-limited; jwks_uri without discovery', async (t) => {
   const issuer = await startIssuer(t)
-  const cooldownMs = 300
+  // Long enough that the two unknown kids checked right after a fetch are inside it on a busy machine too.
+  const cooldownMs = 1500
   const issuers = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE }], 0, { jwksCooldownMs: cooldownMs })
   const verify = async (token: string) => issuers.verify(token, issuer.url).then(() => 'ok', (error: Error) => error.message)
   t.equal(await verify(await issuer.sign()), 'ok')
@@ -262,14 +263,16 @@ t.test('JwtIssuers: a token remembered until it expires, the memory bounded, dis
   const issuer = await startIssuer(t)
   const verify = async (issuers: JwtIssuers, token: string) => issuers.verify(token, issuer.url).then(() => 'ok', (error: Error) => error.message)
   const issuers = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE }], 0, { maxVerified: 1 })
-  const short = await issuer.sign({ sub: 'short' }, { expiresIn: 1 })
+  // exp is in whole seconds from an iat rounded down: 3 s leaves it at least 2 s to pass the checks below.
+  const short = await issuer.sign({ sub: 'short' }, { expiresIn: 3 })
   t.equal(await verify(issuers, short), 'ok')
   const fetched = issuer.jwksFetches()
   t.equal(await verify(issuers, short), 'ok', 'again: remembered')
   t.equal(issuer.jwksFetches(), fetched)
   t.equal(await verify(issuers, await issuer.sign({ sub: 'other' })), 'ok', 'a second token: the first is forgotten (maxVerified 1)')
   t.equal(await verify(issuers, short), 'ok', 'checked again')
-  await new Promise((resolve) => setTimeout(resolve, 1100))
+  // Just past its exp, the instant both the memory and jose call it expired.
+  await new Promise((resolve) => setTimeout(resolve, decodeJwt(short).exp! * 1000 - Date.now() + 50))
   t.equal(await verify(issuers, short), 'the token has expired', 'remembered, but not past its expiry')
   t.equal(await verify(issuers, short), 'the token has expired', 'and then checked afresh')
 
@@ -277,13 +280,15 @@ t.test('JwtIssuers: a token remembered until it expires, the memory bounded, dis
   t.equal(await verify(issuers, malformed), 'the token is malformed', 'no alg')
 
   issuer.unavailable = true
-  const retrying = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE, ui_client_id: 'ui' }], 0, { discoveryRetryMs: 200 })
+  // Long enough that the two checks "not again at once" fit in it on a busy machine too.
+  const discoveryRetryMs = 1000
+  const retrying = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE, ui_client_id: 'ui' }], 0, { discoveryRetryMs })
   const token = await issuer.sign()
   t.match(await verify(retrying, token), /could not be reached/, 'discovery answered 503')
   issuer.unavailable = false
   t.match(await verify(retrying, token), /could not be reached/, 'not asked again at once')
   await t.rejects(retrying.signIn(), { code: 'unavailable' }, 'nor for the sign-in')
-  await new Promise((resolve) => setTimeout(resolve, 250))
+  await new Promise((resolve) => setTimeout(resolve, discoveryRetryMs + 50))
   t.equal(await verify(retrying, token), 'ok', 'asked again after discoveryRetryMs')
   t.match(await retrying.signIn(), { client_id: 'ui' })
 

@@ -30,9 +30,9 @@ const serve = (t: Test, overrides: Partial<Config> = {}) => serveApp(t, { EVENTS
 
 interface Ran { code: number, stdout: string, stderr: string }
 
-/** Runs main with captured output; `during` runs once it started. */
-async function cli (args: string[], env: Record<string, string> = {}, options: { color?: boolean, signal?: AbortSignal } = {}): Promise<Ran> {
-  const out = { stdout: '', stderr: '' }
+/** Runs main with captured output; `output`, when given, fills as it runs (for a test to watch). */
+async function cli (args: string[], env: Record<string, string> = {}, options: { color?: boolean, signal?: AbortSignal, output?: { stdout: string, stderr: string } } = {}): Promise<Ran> {
+  const out = options.output ?? { stdout: '', stderr: '' }
   const io: Io = { stdout: (text) => { out.stdout += text }, stderr: (text) => { out.stderr += text }, env, color: options.color ?? false, ...(options.signal ? { signal: options.signal } : {}) }
   const code = await main(args, io)
   return { code, ...out }
@@ -169,10 +169,12 @@ t.test('wait: on the stream until the status is in --until; exit 0 in --ok, 1 ou
   t.equal(JSON.parse(already.stdout).run.run_id, 'run-done', 'the final run as JSON')
 
   const requests: string[] = []
-  const waiting = cli(['wait', 'run-wait', '--until', 'done,failed', '--ok', 'done', '--timeout', '20s'], env)
-  await sleep(300)
+  // Each status is set once the CLI has printed the one before: it must see them all.
+  const progress = { stdout: '', stderr: '' }
+  const waiting = cli(['wait', 'run-wait', '--until', 'done,failed', '--ok', 'done', '--timeout', '20s'], env, { output: progress })
+  await waitUntil(() => progress.stderr.includes('run run-wait is running'), 'the CLI to read running')
   await setRunStatus('run-wait', 'dispatching') // not yet
-  await sleep(200)
+  await waitUntil(() => progress.stderr.includes('run run-wait is dispatching'), 'the CLI to read dispatching')
   await setRunStatus('run-wait', 'done')
   const done = await waiting
   t.equal(done.code, EXIT.ok)
@@ -259,7 +261,7 @@ t.test('--connect-timeout: wait and watch give up on a service out of reach, exi
 })
 
 t.test('watch: an unknown run or thread is exit 2; --after 0 starts from the oldest event kept; a cursor no longer kept says what to do', async (t) => {
-  const { url } = await serve(t)
+  const { app, url } = await serve(t)
   const env = { OCP_API_URL: url }
   const unknownRun = await cli(['watch', '--run', 'no-such-run'], env)
   t.equal(unknownRun.code, EXIT.usage)
@@ -272,7 +274,8 @@ t.test('watch: an unknown run or thread is exit 2; --after 0 starts from the old
   const db = await writer()
   await sql`update event_log_state set history_floor = ${gone!}`.execute(db)
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
-  await sleep(200) // a poll: the service's window of recent events learns the floor
+  // The window of recent events must learn the floor (on a poll after it holds `gone`), else it would serve it.
+  await waitUntil(() => (app.events.hub.window?.from ?? 0) >= gone!, 'the window of recent events to learn the floor')
   const controller = new AbortController()
   const lines: string[] = []
   const watching = main(['watch', '--after', '0', '--json'], { stdout: (text) => lines.push(text), stderr: () => {}, env, color: false, signal: controller.signal })

@@ -356,12 +356,13 @@ t.test('liveThread and liveRuns; an unknown id or a refused token ends the loop,
 })
 
 t.test('watch({ after: 0 }): from the oldest event kept, never a 410, though retention dropped older ones', async (t) => {
-  const { url } = await serve(t)
+  const { app, url } = await serve(t)
   const db = await writer()
   const [gone, kept] = await insertEvents({ run_id: 'run-old' }, { run_id: 'run-old' })
   await sql`update event_log_state set history_floor = ${gone!}`.execute(db)
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
-  await sleep(200) // a poll: the service's window of recent events learns the floor
+  // The window of recent events must learn the floor (on a poll after it holds `gone`), else it would serve it.
+  await waitUntil(() => (app.events.hub.window?.from ?? 0) >= gone!, 'the window of recent events to learn the floor')
   const client = createClient({ url })
   t.same(await take(client.watch({ run_id: 'run-old' }, { after: 0 }), 1), [kept], 'the oldest kept event of the run')
   // None kept matches: from the position of that read.

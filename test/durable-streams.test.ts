@@ -242,16 +242,22 @@ t.test('raw: offset=now, an idle long-poll\'s 204, the interval cursor, HEAD', a
 })
 
 t.test('raw: SSE control events; the server ends the stream after STREAMS_SSE_MAX_MS', async (t) => {
-  const { url } = await serve(t, { STREAMS_SSE_MAX_MS: 1500 })
+  const { url } = await serve(t, { STREAMS_SSE_MAX_MS: 4000 })
   const streamUrl = `${url}/api/streams/threads/ds-thread`
   const before = await insertEvents({ run_id: 'ds-a', thread_id: 'ds-thread' })
   const response = await fetch(`${streamUrl}?offset=${encodeOffset(before[0]! - 1)}&live=sse`)
   t.equal(response.status, 200)
   t.equal(response.headers.get('content-type'), 'text/event-stream')
-  const reading = response.text()
-  await sleep(100)
+  const reader = response.body!.pipeThrough(new TextDecoderStream()).getReader()
+  let text = ''
+  // The catch-up's control first: an event committed before the catch-up read would be in its batch, not live.
+  while (!text.includes('event: control')) {
+    const chunk = await reader.read()
+    if (chunk.done) break
+    text += chunk.value
+  }
   const [live] = await insertEvents({ run_id: 'ds-a', thread_id: 'ds-thread' }, { run_id: 'ds-a', thread_id: 'other' })
-  const text = await reading
+  for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += chunk.value
   const events = [...text.matchAll(/^event: (\w+)\ndata:(.*)$/gm)].map((match) => ({ type: match[1], data: JSON.parse(match[2]!) as unknown }))
   t.same(events.filter((event) => event.type === 'data').map((event) => ids(event.data as Envelope[])), [[before[0]], [live]], 'the catch-up, then each live event of the thread, none of another')
   const controls = events.filter((event) => event.type === 'control').map((event) => event.data as { streamNextOffset: string, streamCursor: string, upToDate: boolean })
@@ -300,7 +306,7 @@ t.test('bad input: a clear envelope, never a 500; writes are 405', async (t) => 
 })
 
 t.test('up to date means up to date: a burst of one transaction is whole in the next read, in every mode', async (t) => {
-  const { url } = await serve(t, { STREAMS_LONG_POLL_MS: 1000, STREAMS_SSE_MAX_MS: 800 })
+  const { app, url } = await serve(t, { STREAMS_LONG_POLL_MS: 1000, STREAMS_SSE_MAX_MS: 800 })
   const run = 'ds-burst'
   await insertGraph({ runs: [makeRun({ run_id: run })] })
   const streamUrl = `${url}/api/streams/runs/${run}`
@@ -321,8 +327,12 @@ t.test('up to date means up to date: a burst of one transaction is whole in the 
   const idle = await fetch(`${streamUrl}?offset=now&live=long-poll`)
   t.equal(idle.status, 204, 'nothing committed since: 204, not the events that already existed')
   t.equal(idle.headers.get('stream-next-offset'), encodeOffset(written.at(-1)!))
+  // The event must commit after the long-poll read its "now" (it waits from before that read, so its count does not tell).
+  const readPage = app.events.durable.page.bind(app.events.durable)
+  let nowRead = false
+  app.events.durable.page = async (...args) => { const read = await readPage(...args); nowRead ||= args[0] === 'now'; return read }
   const waiting = fetch(`${streamUrl}?offset=now&live=long-poll`)
-  await sleep(100)
+  await waitUntil(() => nowRead, 'the long-poll to read its "now"')
   const [later] = await insertEvents({ run_id: run })
   t.same(ids(await (await waiting).json() as Envelope[]), [later], 'and a long-poll from now gets what commits after it')
 })
@@ -508,9 +518,14 @@ t.test('raw: an SSE read and a long-poll still opening when the shutdown begins 
   // Both requests' existence check is held (the runs table locked) across the start of the shutdown: they open on a stopped event log.
   const unlock = await lockTable('runs')
   const started = Date.now()
+  let arrived = 0
+  const bothArrived = new Promise<void>((resolve) => {
+    app.server.on('request', (request) => { if (request.url?.startsWith('/api/streams/runs/ds-b') && ++arrived === 2) resolve() })
+  })
   const sse = fetch(`${url}/api/streams/runs/ds-b?offset=now&live=sse`).then(async (response) => ({ status: response.status, body: await response.text() }))
   const longPoll = fetch(`${url}/api/streams/runs/ds-b?offset=now&live=long-poll`)
-  await sleep(100)
+  await bothArrived
+  await sleep(100) // from arrival to the held existence check
   const closed = app.close()
   await sleep(100)
   await unlock()

@@ -146,25 +146,27 @@ t.test('the published position settles the order as any reader reads it: never p
 })
 
 t.test('delivery that waits on a writer is a metric, and a log line after five seconds', async (t) => {
-  const lines: Array<{ level: number, msg: string, waitingPid?: number }> = []
+  const lines: Array<{ level: number, time: number, msg: string, waitingPid?: number }> = []
   const stream = { write: (line: string) => { lines.push(JSON.parse(line)) } }
   const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50 }, { logger: { level: 'info', stream } })
   const held = await openWriter()
+  // Delivery can start waiting no earlier than the commit above the open id.
+  const waitCouldBegin = Date.now()
   await insertEvents({ event_type: 'above' })
   const pid = Number((await held.connection.query('select pg_backend_pid() as pid')).rows[0].pid)
-  await sleep(5600)
+  await waitUntil(() => lines.some((line) => line.msg.startsWith('event delivery waits past id')), 'the wait to be logged')
+  const warning = lines.find((line) => line.msg.startsWith('event delivery waits past id'))
+  t.ok(warning!.time - waitCouldBegin >= 5000, `a warning says what delivery waits for, not before five seconds (after ${warning!.time - waitCouldBegin} ms)`)
+  t.equal(warning?.waitingPid, pid, 'and names the backend of the open writer')
   const metrics = (await app.inject({ url: '/metrics' })).body
   const wait = Number(/^event_settle_wait_seconds ([\d.]+)$/m.exec(metrics)?.[1])
   t.ok(wait >= 5, `event_settle_wait_seconds is ${wait}`)
-  const warning = lines.find((line) => line.msg.startsWith('event delivery waits past id'))
-  t.ok(warning, 'a warning says what delivery waits for')
-  t.equal(warning?.waitingPid, pid, 'and names the backend of the open writer')
   await held.connection.query('commit')
   await held.connection.end()
-  await sleep(300)
-  t.ok(lines.some((line) => line.msg.startsWith('event delivery resumed')), 'and one more line when it resumes')
-  const after = (await app.inject({ url: '/metrics' })).body
-  t.match(after, /^event_settle_wait_seconds 0$/m, 'the metric is back to 0')
+  await waitUntil(() => lines.some((line) => line.msg.startsWith('event delivery resumed')), 'the line saying delivery resumed')
+  t.pass('and one more line when it resumes')
+  await waitUntil(async () => /^event_settle_wait_seconds 0$/m.test((await app.inject({ url: '/metrics' })).body), 'the metric to be back to 0')
+  t.pass('the metric is back to 0')
 })
 
 t.test('with no replica keeping the log, the wait\'s log line says how old the settled position is', async (t) => {
@@ -225,8 +227,8 @@ t.test('stopping the upkeep while it connects leaves no connection behind, nor t
   const upkeep = new EventLogUpkeep({ url: await testDatabaseUrl(), clockIntervalMs: 20, retentionMs: undefined, log: pino({ level: 'silent' }) })
   upkeep.start()
   await upkeep.stop()
-  await sleep(300)
-  t.equal((await admin.query(`select 1 from pg_stat_activity where application_name = 'ocp-api-upkeep' and datname = current_database()`)).rowCount, 0, 'its connection is closed')
+  // The server drops the backend a moment after the client ends it.
+  await waitUntil(async () => (await admin.query(`select 1 from pg_stat_activity where application_name = 'ocp-api-upkeep' and datname = current_database()`)).rowCount === 0, 'its connection to be closed')
   t.equal(upkeep.ticks, 0, 'and it never ticked')
 })
 
@@ -252,7 +254,8 @@ t.test('a snapshot fact: an older transaction commits a higher id while a newer 
   t.same(page.json().events, [], 'the higher id is not listed while the lower one may commit')
   await b.connection.query('commit')
   await b.connection.end()
-  await sleep(200)
+  // Listed once a keeper tick or a poll settles past it, and a read sees that.
+  await waitUntil(async () => (await app.inject({ url: `/api/events?after_event_id=${b.id - 1}` })).json().events.length === 2, 'both to be listed')
   const after = await app.inject({ url: `/api/events?after_event_id=${b.id - 1}` })
   t.same(after.json().events.map((event: { event_id: number }) => event.event_id), [b.id, Number(higher.event_id)], 'both, ascending, once it commits')
 })

@@ -1,11 +1,14 @@
+import { once } from 'node:events'
 import { connect } from 'node:net'
 import { brotliDecompressSync, gunzipSync } from 'node:zlib'
+import type { LightMyRequestResponse } from 'fastify'
 import t from 'tap'
 import { buildApp } from '../app.js'
 import { START_GRACE_MS } from '../plugins/external/under-pressure.js'
 import { build, holdClose, keptAliveConnection, testConfig } from './helpers/app.js'
 import { insertGraph, lockTable, makeRun, makeTask } from './helpers/fixtures.js'
 import { openStream } from './helpers/sse.js'
+import { waitUntil } from './helpers/wait.js'
 
 // The operations kit: request ids and logs, readiness, metrics, auth, CORS,
 // compression, load shedding, shutdown.
@@ -90,7 +93,7 @@ t.test('/metrics: requests by route and status, the pool, streams, the poller', 
   await app.inject('/openapi.json') // a route added before the application's plugins
   const together = await Promise.all([app.inject('/api/runs/run-ops-1'), app.inject('/api/runs/run-ops-1')])
   t.same(together.map((res) => res.statusCode), [200, 200])
-  await new Promise((resolve) => setTimeout(resolve, 100)) // a few polls
+  await waitUntil(() => app.events.hub.lastPollAt > 0, 'the poller\'s first read') // else the lag is -1
   const res = await app.inject('/metrics')
   t.equal(res.statusCode, 200)
   t.match(res.headers['content-type'], /^text\/plain/)
@@ -218,11 +221,8 @@ t.test('load shedding: a saturated event loop answers 503 at once; liveness stil
   await insertGraph({ runs: [makeRun({ run_id: 'shed-long-poll' })] })
   const until = Date.now() + 1000
   while (Date.now() < until) { /* block the event loop, as a stuck request would */ }
-  let shed = await app.inject('/api/runs')
-  for (let tries = 0; shed.statusCode === 200 && tries < 30; tries++) {
-    await new Promise((resolve) => setTimeout(resolve, 20))
-    shed = await app.inject('/api/runs')
-  }
+  let shed!: LightMyRequestResponse
+  await waitUntil(async () => (shed = await app.inject('/api/runs')).statusCode !== 200, 'a request to be shed')
   t.equal(shed.statusCode, 503)
   t.same(shed.json(), { error: { code: 'unavailable', message: 'the service is overloaded, try again shortly' } })
   t.equal(shed.headers['retry-after'], '2')
@@ -282,8 +282,9 @@ t.test('shutdown: late requests get the envelope, streams end, in-flight request
   let received = ''
   socket.on('data', (chunk) => { received += chunk.toString() })
   const socketClosed = new Promise((resolve) => socket.on('close', resolve))
+  const arrived = once(app.server, 'request')
   socket.write('GET /api/runs/run-ops-0 HTTP/1.1\r\nHost: x\r\n\r\n')
-  await new Promise((resolve) => setTimeout(resolve, 100))
+  await arrived
   const hold = holdClose(app)
   const closing = app.close()
   await hold.entered

@@ -3,6 +3,7 @@ import pg from 'pg'
 import t, { type Test } from 'tap'
 import { builder, queryRow, readCounts, Statement } from '../db/statement.js'
 import { testDatabaseUrl, testPool } from './helpers/database.js'
+import { waitUntil } from './helpers/wait.js'
 
 // The reads run as prepared statements named after their text (db/queries.ts).
 
@@ -76,12 +77,21 @@ t.test('identical reads arriving together share one statement, and its row', asy
   t.same(readCounts(pool), { reads: before.reads + 3, shared: before.shared + 1 })
 })
 
+/** Whether a statement of this file's database sleeps in pg_sleep right now: it has its snapshot (taken before it runs). */
+async function sleepingStatement (admin: pg.Pool): Promise<boolean> {
+  const { rowCount } = await admin.query(`select 1 from pg_stat_activity
+    where datname = current_database() and pid <> pg_backend_pid() and wait_event = 'PgSleep'`)
+  return rowCount === 1
+}
+
 t.test('a read arriving once the identical statement is on its way runs its own, and sees what committed before it', async (t) => {
   const pool = await tablePool(t)
   const writer = await onePool(t)
   const early = queryRow(pool, countAfterSleep, 'later', 0.3)
-  await new Promise((resolve) => setImmediate(resolve)) // the early read's statement is sent
-  await new Promise((resolve) => setTimeout(resolve, 50)) // and its snapshot taken
+  let earlyAnswered = false
+  void early.then(() => { earlyAnswered = true }, () => {})
+  // Its snapshot taken: it sleeps in its statement, or (on a slow machine) is already answered.
+  await waitUntil(async () => earlyAnswered || await sleepingStatement(writer), 'the early read\'s statement to run')
   await writer.query("insert into gathered_rows values ('later')")
   const late = queryRow(pool, countAfterSleep, 'later', 0.3)
   t.same((await early)?.rows, '0', 'the early read: its snapshot before the commit')
@@ -91,14 +101,18 @@ t.test('a read arriving once the identical statement is on its way runs its own,
 t.test('identical reads waiting for a connection share the statement until it is sent', async (t) => {
   const pool = await tablePool(t)
   const writer = await onePool(t)
-  const holding = queryRow(pool, countAfterSleep, 'holding', 0.3) // the pool's only connection, for 0.3 s
-  await new Promise((resolve) => setTimeout(resolve, 50))
+  // The pool's only connection, held until the test cancels the statement (a fixed hold could end before the second read arrives).
+  const holding = t.rejects(queryRow(pool, countAfterSleep, 'holding', 60), { code: '57014' }, 'the holding read, cancelled, gives the connection back')
+  await waitUntil(() => sleepingStatement(writer), 'the holding read to take the connection')
   const before = { ...readCounts(pool) }
   const first = queryRow(pool, countAfterSleep, 'queued', 0)
   await new Promise((resolve) => setTimeout(resolve, 50)) // turns later: the first read waits for the connection
   await writer.query("insert into gathered_rows values ('queued')")
   const second = queryRow(pool, countAfterSleep, 'queued', 0)
-  const [a, b] = await Promise.all([first, second, holding])
+  await writer.query(`select pg_cancel_backend(pid) from pg_stat_activity
+    where datname = current_database() and pid <> pg_backend_pid() and wait_event = 'PgSleep'`)
+  await holding
+  const [a, b] = await Promise.all([first, second])
   t.equal(a, b, 'one statement for both')
   t.equal(a?.rows, '1', 'sent once both had arrived: it sees the row committed between them')
   t.same(readCounts(pool), { reads: before.reads + 2, shared: before.shared + 1 })

@@ -80,7 +80,9 @@ t.test('with no replica running, a starting one still bounds the writers in flig
   const writer = await client()
   await writer.query('begin')
   const held = Number((await writer.query(`insert into events (event_type) values ('held_open') returning event_id`)).rows[0].event_id)
-  await new Promise((resolve) => setTimeout(resolve, 400))
+  // Two ticks ended: the second began after the writer opened, so its stored census holds it.
+  const ticks = first.events.upkeep!.ticks
+  await waitUntil(() => first.events.upkeep!.ticks >= ticks + 2, 'the keeper to store a census with the writer open')
   await first.close()
 
   const second = await build(t, config)

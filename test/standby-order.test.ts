@@ -5,6 +5,7 @@ import { migrateToLatest } from '../db/migrate.js'
 import { testPool, withDatabase } from './helpers/database.js'
 import { openStream } from './helpers/sse.js'
 import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
+import { waitUntil } from './helpers/wait.js'
 
 // The event order settled on a hot standby (docs/reference.md, "Read replicas"): writers
 // commit out of order on the primary, some roll back, some stay open; the
@@ -24,7 +25,7 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
   await pg15.waitForReplay()
 
   const config = loadConfig({ DATABASE_URL: primary, DATABASE_READ_URL: reader, LOG_LEVEL: 'info', MAX_EVENT_LOOP_DELAY_MS: '0' })
-  const lines: Array<{ msg: string, waitingPid?: number }> = []
+  const lines: Array<{ time: number, msg: string, waitingPid?: number }> = []
   const logStream = { write: (line: string) => { lines.push(JSON.parse(line)) } }
   const app = await buildApp({ ...config, EVENTS_POLL_INTERVAL_MS: 20, EVENTS_CLOCK_INTERVAL_MS: 50 }, { logger: { level: 'info', stream: logStream } })
   t.teardown(() => app.close())
@@ -111,12 +112,15 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
   await held.query('begin')
   await held.query(`insert into events (event_type) values ('held')`)
   const [after] = (await older.query(`insert into events (event_type) values ('after_held') returning event_id`)).rows
+  // Delivery can start waiting no earlier than this commit above the open id.
+  const waitCouldBegin = Date.now()
   await older.query('commit')
   older.release()
-  await new Promise((resolve) => setTimeout(resolve, 5600))
-  const waiting = lines.find((line) => line.msg.startsWith('event delivery waits past id'))
+  await waitUntil(() => lines.some((line) => line.msg.startsWith('event delivery waits past id')), 'the wait to be logged')
+  const waiting = lines.find((line) => line.msg.startsWith('event delivery waits past id'))!
   const heldPid = (await held.query('select pg_backend_pid() as pid')).rows[0].pid
   t.match(waiting, { msg: /a transaction that drew an event id \(or used the events sequence\) is still open, backend \d+/, waitingPid: heldPid }, 'on a standby, the wait is logged naming the writer on the primary')
+  t.ok(waiting.time - waitCouldBegin >= 5000, `not before five seconds (after ${waiting.time - waitCouldBegin} ms)`)
   t.notOk(streams.all.events().some((event) => event.event_id === Number(after.event_id)), 'and the event above the hole has not been sent')
   await held.query('commit')
   held.release()

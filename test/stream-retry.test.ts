@@ -121,7 +121,9 @@ t.test('a database outage: EventSources that (re)connect while it is down resume
   aListens = false
   await replicaA.close()
   const latecomer = subscribe(t, `${urlB}/api/events/stream?after_event_id=0`)
-  await sleep(1500)
+  await waitUntil(() => seen.some((answer) => answer.startsWith('B 200')) && resumed.source.readyState === EventSource.OPEN, 'resumed on B')
+  // Time for the latecomer, which started with it, to be refused and retry: it must still be trying.
+  await sleep(500)
   t.equal(resumed.source.readyState, EventSource.OPEN, 'the resumed EventSource, at B\'s head, is served without the database: it missed nothing')
   t.equal(latecomer.source.readyState, EventSource.CONNECTING, 'the latecomer needs the table: refused with a retry, it is still trying')
   t.same(latecomer.ids, [])

@@ -4,6 +4,7 @@ import t from 'tap'
 import type { EventFilter, StoredEvent } from '../events/log.js'
 import { durableSseFormat } from '../events/durable/format.js'
 import { Subscriber, type StreamFormat, type SubscriberOptions } from '../events/sse/subscriber.js'
+import { sleep, waitUntil } from './helpers/wait.js'
 
 // The subscriber's hand-off rules, in isolation (the HTTP tests cover the wiring).
 
@@ -108,7 +109,9 @@ t.test('a failed read ends the stream and says why', async (t) => {
 
 t.test('a live client over the bound falls behind, then catches up from the table when it drains', async (t) => {
   const table = [event(1), event(2), event(3)]
-  const { instance, response } = subscriber({ table })
+  // Never too slow here: the drop has its own test, and a late timer must not cut this client off.
+  const { instance, response } = subscriber({ table, slowClientMs: 60_000 })
+  t.teardown(() => response.destroy()) // if it never catches up, ends the wait for drain
   await instance.catchUp()
   response.writableLength = 5000
   instance.offer(event(4))
@@ -116,11 +119,10 @@ t.test('a live client over the bound falls behind, then catches up from the tabl
   table.push(event(4), event(5))
   // No 'drain': the socket's high-water mark (64 KiB since Node 22) may lie above the bound.
   response.writableLength = 4900
-  await new Promise((resolve) => setTimeout(resolve, 30))
+  await sleep(30)
   t.notOk(instance.isLive, 'still over the bound')
   response.writableLength = 900
-  await new Promise((resolve) => setTimeout(resolve, 30))
-  t.ok(instance.isLive)
+  await waitUntil(() => instance.isLive, 'the client to catch up, back within the bound') // live only once the table is read
   t.same(ids(response), [1, 2, 3, 4, 5])
 })
 

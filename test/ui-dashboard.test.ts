@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify'
 import t, { type Test } from 'tap'
 import { build } from './helpers/app.js'
-import { openPage, screenshot } from './helpers/browser.js'
+import { openPage, READY_MS, screenshot } from './helpers/browser.js'
 import { writer } from './helpers/fixtures.js'
 import { insertEvents } from './helpers/sse.js'
 
@@ -138,7 +138,7 @@ t.test('the activity page: the latest events across runs, live, each linking to 
   const [runEvent, threadEvent] = await insertEvents(
     { event_type: 'task_failed', run_id: 'run-0002', summary: 'it broke' },
     { event_type: 'thread_reply', run_id: 'run-0003', thread_id: 'thread-9', summary: 'a reply' })
-  await page.locator(`li[data-event="${threadEvent}"]`).waitFor({ timeout: 2000 })
+  await page.locator(`li[data-event="${threadEvent}"]`).waitFor({ timeout: READY_MS }) // live, with no promise of how soon (ui.test.ts tests that)
   t.equal(await page.locator('li[data-event]').first().getAttribute('data-event'), String(threadEvent), 'live, on top')
   t.equal(await page.locator(`li[data-event="${threadEvent}"] a`).first().getAttribute('href'), '#/threads/thread-9')
   t.equal(await page.locator(`li[data-event="${threadEvent}"] a`).nth(1).getAttribute('href'), '#/runs/run-0003')
