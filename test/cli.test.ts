@@ -270,7 +270,8 @@ t.test('watch: an unknown run or thread is exit 2; --after 0 starts from the old
   t.equal(unknownThread.code, EXIT.usage)
   t.match(unknownThread.stderr, /^ocp-api: thread not found \(HTTP 404 not_found/)
 
-  const [gone, kept] = await insertEvents({ run_id: 'run-cli', summary: 'gone' }, { run_id: 'run-cli', summary: 'kept' })
+  // One more gone before it: a cursor below `gone` is then never 0 (which means "from the oldest kept"), even in a database of this test alone.
+  const [, gone, kept] = await insertEvents({ run_id: 'run-cli', summary: 'gone' }, { run_id: 'run-cli', summary: 'gone' }, { run_id: 'run-cli', summary: 'kept' })
   const db = await writer()
   await sql`update event_log_state set history_floor = ${gone!}`.execute(db)
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
