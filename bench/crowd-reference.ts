@@ -183,7 +183,11 @@ async function crowd (server: Server): Promise<Figures> {
   }
   // Every poller from the same tail, read once (5,000 reads of `now` would race the first appends).
   const tail = (await fetch(`http://127.0.0.1:${server.port}${server.path}?offset=now`)).headers.get('stream-next-offset')!
-  for (let i = 0; i < pollers; i++) poll(agents[agents.push(new Agent({ keepAlive: true, maxSockets: 1 })) - 1]!, tail, undefined)
+  for (let i = 0; i < pollers; i++) {
+    const agent = new Agent({ keepAlive: true, maxSockets: 1 })
+    agents.push(agent)
+    poll(agent, tail, undefined)
+  }
   for (let attempt = 0; attempt < 600 && waiting < pollers; attempt++) await sleep(50)
   // A message not measured, until every poller has it: each is then waiting on the server, not in its backlog.
   await server.append(WARM_UP)
@@ -234,4 +238,4 @@ for (let round = 1; round <= rounds; round++) {
     await sleep(2000)
   }
 }
-console.log(`figure ${JSON.stringify(Object.fromEntries(Object.entries(figures).map(([name, runs]) => [name, runs.map((run) => ({ p50: percentile(run.latencies, 0.5), p99: percentile(run.latencies, 0.99), shed: run.shed, connections: run.connections, deliveries: run.deliveries, cpu: run.cpu, clientCpu: run.clientCpu }))])))}`)
+console.log(`figure ${JSON.stringify(Object.fromEntries(Object.entries(figures).map(([name, runs]) => [name, runs.map((run) => ({ p50: percentile(run.latencies, 0.5), p99: percentile(run.latencies, 0.99), shed: run.shed, connections: run.connections, deliveries: run.deliveries, cpu: run.cpu, clientCpu: run.clientCpu, span: run.span }))])))}`)
