@@ -17,6 +17,17 @@
  *   ... npm run bench:crowd-reference -- --pollers 1000 --seconds 10
  *   ... npm run bench:crowd-reference -- --quick            (CI's smoke run)
  *   ... npm run bench:crowd-reference -- --only service '--node-args=--cpu-prof --cpu-prof-dir=/tmp/prof'   (with =: a value that starts with a dash)
+ *   ... npm run bench:crowd-reference -- --client-cost --rounds 5
+ *
+ * --client-cost measures the client alone, not the crowd: what one answer
+ * of each server costs this client process. Each server's real long-poll
+ * answer is captured once, as its bytes went on the wire; then a child
+ * process that answers every request with those bytes at once, and does
+ * nothing else, serves --pollers pollers looping as the crowd's do, for
+ * --seconds / 4 at a time, the two servers' answers in alternating
+ * rounds. Once this one client process is saturated (its CPU near the
+ * span), a crowd's p99 is how fast it drains a batch of answers, so this
+ * says how far either server can move it.
  *
  * The service runs as it ships (npm start's node flags and dist/server.js,
  * built first unless --no-build; --node-args are given to its Node after
@@ -28,7 +39,7 @@
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { Agent, request } from 'node:http'
-import type { Socket } from 'node:net'
+import { connect, type Socket } from 'node:net'
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
@@ -45,6 +56,7 @@ const { values: args } = parseArgs({
     quick: { type: 'boolean', default: false },
     'no-build': { type: 'boolean', default: false },
     only: { type: 'string' },
+    'client-cost': { type: 'boolean', default: false },
     'node-args': { type: 'string', default: '' }
   }
 })
@@ -214,10 +226,117 @@ async function crowd (server: Server): Promise<Figures> {
   return figures
 }
 
+/** Whether `bytes` hold one whole HTTP response (a body by Content-Length or chunked). */
+function wholeResponse (bytes: Buffer): boolean {
+  const headEnd = bytes.indexOf('\r\n\r\n')
+  if (headEnd < 0) return false
+  const head = bytes.subarray(0, headEnd).toString('latin1')
+  const length = /^content-length: *(\d+)/im.exec(head)?.[1]
+  if (length !== undefined) return bytes.length >= headEnd + 4 + Number(length)
+  return bytes.subarray(headEnd).toString('latin1').endsWith('\r\n0\r\n\r\n')
+}
+
+/** One long-poll answer of `server` carrying one message, exactly as its bytes went on the wire. */
+async function capturedAnswer (server: Server): Promise<Buffer> {
+  const tail = (await fetch(`http://127.0.0.1:${server.port}${server.path}?offset=now`)).headers.get('stream-next-offset')!
+  const socket = connect(server.port, '127.0.0.1')
+  const chunks: Buffer[] = []
+  socket.on('data', (chunk: Buffer) => chunks.push(chunk))
+  socket.write(`GET ${server.path}?offset=${tail}&live=long-poll HTTP/1.1\r\nHost: 127.0.0.1:${server.port}\r\nConnection: keep-alive\r\n\r\n`)
+  await sleep(500)
+  await server.append(0)
+  for (let attempt = 0; attempt < 200 && !wholeResponse(Buffer.concat(chunks)); attempt++) await sleep(25)
+  socket.destroy()
+  const answer = Buffer.concat(chunks)
+  if (!wholeResponse(answer) || !answer.toString('latin1').startsWith('HTTP/1.1 200')) throw new Error(`${server.name}: no long-poll answer captured`)
+  return answer
+}
+
+/** A server that answers every request with the bytes in ANSWER (base64) at once, and does nothing else. */
+const CANNED_SERVER = `
+import { createServer } from 'node:net'
+const answer = Buffer.from(process.env.ANSWER, 'base64')
+createServer((socket) => { socket.setNoDelay(true); socket.on('error', () => {}); socket.on('data', () => socket.write(answer)) }).listen(Number(process.env.PORT), '127.0.0.1')
+`
+
+/** This process's CPU per answer (µs) and answers a second, with --pollers pollers looping on `answer` for `ms`. */
+async function clientCost (answer: Buffer, messages: Server['messages'], ms: number): Promise<{ cpuPerAnswer: number, answersPerSecond: number }> {
+  const port = await freePort()
+  const child = spawn(process.execPath, ['--input-type=module', '-e', CANNED_SERVER], { env: { ...process.env, PORT: String(port), ANSWER: answer.toString('base64') }, stdio: ['ignore', 'inherit', 'inherit'] })
+  try {
+    await until(`http://127.0.0.1:${port}/`)
+    let answers = 0
+    let stopped = false
+    // As the crowd's pollers: an agent each, the body read as text and parsed, the next poll from the answer's headers.
+    const poll = (agent: Agent, offset: string, cursor: string | undefined) => {
+      if (stopped) return
+      const query = new URLSearchParams({ offset, live: 'long-poll', ...(cursor === undefined ? {} : { cursor }) })
+      request({ host: '127.0.0.1', port, path: `/stream?${query.toString()}`, agent }, (res) => {
+        let body = ''
+        res.setEncoding('utf8')
+        res.on('data', (chunk: string) => { body += chunk })
+        res.on('end', () => {
+          messages(body)
+          answers++
+          poll(agent, String(res.headers['stream-next-offset']), res.headers['stream-cursor'] as string | undefined)
+        })
+      }).on('error', () => {}).end() // only when stopped: the agents are destroyed mid-request
+    }
+    const agents = Array.from({ length: pollers }, () => new Agent({ keepAlive: true, maxSockets: 1 }))
+    for (const agent of agents) poll(agent, '0', undefined)
+    await sleep(1000)
+    const before = { cpu: process.cpuUsage(), answers, at: performance.now() }
+    await sleep(ms)
+    const cpu = process.cpuUsage(before.cpu)
+    const measured = answers - before.answers
+    const result = { cpuPerAnswer: (cpu.user + cpu.system) / measured, answersPerSecond: measured / ((performance.now() - before.at) / 1000) }
+    stopped = true
+    for (const agent of agents) agent.destroy()
+    return result
+  } finally {
+    child.kill('SIGTERM')
+    await new Promise((resolve) => child.once('exit', resolve))
+  }
+}
+
+async function clientCosts (): Promise<void> {
+  const answers: Array<{ name: string, answer: Buffer, messages: Server['messages'] }> = []
+  for (const start of [reference, service]) {
+    const server = await start()
+    try {
+      answers.push({ name: server.name, answer: await capturedAnswer(server), messages: server.messages })
+    } finally {
+      await server.close()
+    }
+  }
+  console.log(`\nbench:crowd-reference --client-cost, Node ${process.version}: ${pollers} pollers looping on each server's captured long-poll answer (a server that sends those bytes at once), ${seconds / 4} s a round, ${rounds} round(s)\n`)
+  for (const { name, answer } of answers) console.log(`${name}: ${answer.length} bytes, ${answer.toString('latin1').split('\r\n\r\n')[0]!.split('\r\n').length - 1} header lines`)
+  console.log('\n| round | answer of | client CPU per answer | answers/s |')
+  console.log('|---|---|---:|---:|')
+  const costs = new Map<string, number[]>()
+  // Not recorded: this process's first loops run before its code is optimized.
+  await clientCost(answers[0]!.answer, answers[0]!.messages, seconds * 250)
+  for (let round = 1; round <= rounds; round++) {
+    for (const { name, answer, messages } of round % 2 === 1 ? answers : [...answers].reverse()) {
+      const { cpuPerAnswer, answersPerSecond } = await clientCost(answer, messages, seconds * 250)
+      costs.set(name, [...(costs.get(name) ?? []), cpuPerAnswer])
+      console.log(`| ${round} | ${name} | ${cpuPerAnswer.toFixed(1)} µs | ${answersPerSecond.toFixed(0)} |`)
+    }
+  }
+  const mean = (values: number[]) => values.reduce((sum, value) => sum + value, 0) / values.length
+  const [referenceCost, serviceCost] = answers.map(({ name }) => mean(costs.get(name)!))
+  console.log(`\nthis service's answer / the reference's, client CPU per answer (mean of ${rounds}): ${(serviceCost! / referenceCost!).toFixed(3)}`)
+  console.log(`figure ${JSON.stringify({ clientCost: Object.fromEntries(costs), ratio: serviceCost! / referenceCost! })}`)
+}
+
 if (!args['no-build']) {
   console.log('bench: npm run build')
   const build = spawnSync('npm', ['run', 'build'], { cwd: root, stdio: ['ignore', 'ignore', 'inherit'] })
   if (build.status !== 0) throw new Error('npm run build failed')
+}
+if (args['client-cost']) {
+  await clientCosts()
+  process.exit(0)
 }
 console.log(`\nbench:crowd-reference, Node ${process.version}: ${pollers} long-pollers on one stream, an append every ${intervalMs} ms for ${seconds} s, ${rounds} round(s)\n`)
 console.log('| round | server | delivery p50 | p99 | max | deliveries (of pollers × appends) | skipped | 503s | TCP connections | errors | server CPU | client CPU | span |')
