@@ -338,7 +338,7 @@ t.test('up to date means up to date: a burst of one transaction is whole in the 
 })
 
 t.test('up to date means up to date: events committed above a writer in flight make a catch-up wait for it, then say what they lack', { skip: needsServer('a writer held open on a connection of its own, beside the service\'s') }, async (t) => {
-  const { url } = await serve(t)
+  const { app, url } = await serve(t)
   const run = 'ds-pending'
   await insertGraph({ runs: [makeRun({ run_id: run })] })
   const streamUrl = `${url}/api/streams/runs/${run}`
@@ -351,9 +351,20 @@ t.test('up to date means up to date: events committed above a writer in flight m
   const [above] = await insertEvents({ run_id: run })
 
   // The writer commits while the read waits: the read has all three, up to date.
+  // It commits once the read waits on the head, not after a fixed time: a
+  // slow machine's read could start after the commit and never wait.
+  const { hub } = app.events
+  const headPast = hub.headPast.bind(hub)
+  let readWaits!: () => void
+  const waitingOnHead = new Promise<void>((resolve) => { readWaits = resolve })
+  hub.headPast = (position, maxMs) => {
+    const past = headPast(position, maxMs)
+    readWaits()
+    return past
+  }
   const started = performance.now()
   const reading = fetch(`${streamUrl}?offset=-1`)
-  await sleep(200)
+  await waitingOnHead
   await held.query('commit')
   const page = await reading
   t.same(ids(await page.json() as Envelope[]), [before, Number(drawn.event_id), above], 'the read waited for the writer: every event, in order')
