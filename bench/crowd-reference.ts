@@ -38,7 +38,7 @@
  * process is saturated: then its CPU nears the span).
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
-import { Agent, request } from 'node:http'
+import { Agent, request, type ClientRequest, type IncomingMessage } from 'node:http'
 import { connect, type Socket } from 'node:net'
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
@@ -144,6 +144,24 @@ async function service (): Promise<Server> {
   }
 }
 
+/** A poller's own keep-alive agent, as each browser tab or client process has. */
+const pollerAgent = () => new Agent({ keepAlive: true, maxSockets: 1 })
+
+/**
+ * One long-poll as the official client makes it: from `offset`, echoing the
+ * last answer's `cursor`, its body read as text and handed to `answered`.
+ * The crowd's pollers and --client-cost's loop on it alike.
+ */
+function longPoll (port: number, path: string, agent: Agent, offset: string, cursor: string | undefined, answered: (res: IncomingMessage, body: string) => void): ClientRequest {
+  const query = new URLSearchParams({ offset, live: 'long-poll', ...(cursor === undefined ? {} : { cursor }) })
+  return request({ host: '127.0.0.1', port, path: `${path}?${query.toString()}`, agent }, (res) => {
+    let body = ''
+    res.setEncoding('utf8')
+    res.on('data', (chunk: string) => { body += chunk })
+    res.on('end', () => answered(res, body))
+  })
+}
+
 interface Figures { latencies: number[], cpu: number, clientCpu: number, span: number, shed: number, errors: number, connections: number, deliveries: number, skipped: number }
 
 async function crowd (server: Server): Promise<Figures> {
@@ -161,32 +179,26 @@ async function crowd (server: Server): Promise<Figures> {
   /** Each poller's last message: a message it never got, with a later one, is skipped (the servers must not). */
   const poll = (agent: Agent, offset: string, cursor: string | undefined, last = -1) => {
     if (stopped) return
-    const query = new URLSearchParams({ offset, live: 'long-poll', ...(cursor === undefined ? {} : { cursor }) })
-    const req = request({ host: '127.0.0.1', port: server.port, path: `${server.path}?${query.toString()}`, agent }, (res) => {
-      let body = ''
-      res.setEncoding('utf8')
-      res.on('data', (chunk: string) => { body += chunk })
-      res.on('end', () => {
-        waiting--
-        const now = performance.now()
-        if (res.statusCode === 200) {
-          for (const n of server.messages(body)) {
-            if (n === WARM_UP) warmed++
-            const sent = sentAt.get(n)
-            if (sent === undefined) continue
-            figures.latencies.push(now - sent)
-            figures.deliveries++
-            if (last >= 0 && n > last + 1) figures.skipped += n - last - 1
-            last = n
-          }
+    const req = longPoll(server.port, server.path, agent, offset, cursor, (res, body) => {
+      waiting--
+      const now = performance.now()
+      if (res.statusCode === 200) {
+        for (const n of server.messages(body)) {
+          if (n === WARM_UP) warmed++
+          const sent = sentAt.get(n)
+          if (sent === undefined) continue
+          figures.latencies.push(now - sent)
+          figures.deliveries++
+          if (last >= 0 && n > last + 1) figures.skipped += n - last - 1
+          last = n
         }
-        if (res.statusCode === 503) {
-          figures.shed++
-          setTimeout(() => poll(agent, offset, cursor, last), Number(res.headers['retry-after'] ?? 1) * 1000)
-          return
-        }
-        poll(agent, String(res.headers['stream-next-offset'] ?? offset), res.headers['stream-cursor'] as string | undefined, last)
-      })
+      }
+      if (res.statusCode === 503) {
+        figures.shed++
+        setTimeout(() => poll(agent, offset, cursor, last), Number(res.headers['retry-after'] ?? 1) * 1000)
+        return
+      }
+      poll(agent, String(res.headers['stream-next-offset'] ?? offset), res.headers['stream-cursor'] as string | undefined, last)
     })
     req.on('socket', (socket) => { if (!sockets.has(socket)) { sockets.add(socket); figures.connections++ } })
     req.on('error', () => { waiting--; figures.errors++; if (!stopped) setTimeout(() => poll(agent, offset, cursor, last), 100) })
@@ -196,7 +208,7 @@ async function crowd (server: Server): Promise<Figures> {
   // Every poller from the same tail, read once (5,000 reads of `now` would race the first appends).
   const tail = (await fetch(`http://127.0.0.1:${server.port}${server.path}?offset=now`)).headers.get('stream-next-offset')!
   for (let i = 0; i < pollers; i++) {
-    const agent = new Agent({ keepAlive: true, maxSockets: 1 })
+    const agent = pollerAgent()
     agents.push(agent)
     poll(agent, tail, undefined)
   }
@@ -267,22 +279,16 @@ async function clientCost (answer: Buffer, messages: Server['messages'], ms: num
     await until(`http://127.0.0.1:${port}/`)
     let answers = 0
     let stopped = false
-    // As the crowd's pollers: an agent each, the body read as text and parsed, the next poll from the answer's headers.
+    // As the crowd's pollers: an agent each, the body parsed, the next poll from the answer's headers.
     const poll = (agent: Agent, offset: string, cursor: string | undefined) => {
       if (stopped) return
-      const query = new URLSearchParams({ offset, live: 'long-poll', ...(cursor === undefined ? {} : { cursor }) })
-      request({ host: '127.0.0.1', port, path: `/stream?${query.toString()}`, agent }, (res) => {
-        let body = ''
-        res.setEncoding('utf8')
-        res.on('data', (chunk: string) => { body += chunk })
-        res.on('end', () => {
-          messages(body)
-          answers++
-          poll(agent, String(res.headers['stream-next-offset']), res.headers['stream-cursor'] as string | undefined)
-        })
+      longPoll(port, '/stream', agent, offset, cursor, (res, body) => {
+        messages(body)
+        answers++
+        poll(agent, String(res.headers['stream-next-offset']), res.headers['stream-cursor'] as string | undefined)
       }).on('error', () => {}).end() // only when stopped: the agents are destroyed mid-request
     }
-    const agents = Array.from({ length: pollers }, () => new Agent({ keepAlive: true, maxSockets: 1 }))
+    const agents = Array.from({ length: pollers }, pollerAgent)
     for (const agent of agents) poll(agent, '0', undefined)
     await sleep(1000)
     const before = { cpu: process.cpuUsage(), answers, at: performance.now() }
