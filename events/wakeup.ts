@@ -46,15 +46,19 @@ export interface WalWakeupOptions {
 const POSTGRES_EPOCH_US = 946_684_800_000_000n
 
 /**
- * A standby status update ('r'), reporting every position as 0
- * (InvalidXLogRecPtr). The positions only feed pg_stat_replication and
- * synchronous replication: with no valid flush position, this connection
- * can never be taken for a synchronous standby (synchronous_standby_names
- * = '*' included), so commits never wait on it.
+ * A standby status update ('r'). It reports as written the end of the WAL
+ * received so far: a server shutting down waits until its WAL senders'
+ * clients have confirmed all it sent (walsender.c, WalSndDone), and would
+ * wait on this connection forever. Flush and apply stay 0
+ * (InvalidXLogRecPtr), as pg_basebackup's WAL streaming reports them: with
+ * no valid flush position, this connection is never taken for a
+ * synchronous standby (syncrep.c, SyncRepGetCandidateStandbys;
+ * synchronous_standby_names = '*' included), so commits never wait on it.
  */
-function statusUpdate (): Buffer {
+function statusUpdate (receivedEnd: bigint): Buffer {
   const message = Buffer.alloc(34)
   message.write('r', 0)
+  message.writeBigUInt64BE(receivedEnd, 1)
   message.writeBigInt64BE(BigInt(Date.now()) * 1000n - POSTGRES_EPOCH_US, 25)
   return message
 }
@@ -76,6 +80,9 @@ interface ReplicationConnection {
   sendCopyFromChunk: (chunk: Buffer) => void
   endCopyFrom: () => void
 }
+
+/** One START_REPLICATION: where to answer, and the end of the WAL received on it so far. */
+interface WalStream { connection: ReplicationConnection, receivedEnd: bigint }
 
 export class WalWakeup {
   /** Whether WAL is streaming to it now. */
@@ -129,7 +136,9 @@ export class WalWakeup {
       await client.connect()
       const { rows: [system] } = await client.query<{ xlogpos: string }>('IDENTIFY_SYSTEM')
       const connection = (client as unknown as { connection: ReplicationConnection }).connection
-      connection.on('copyData', ({ chunk }) => { this.#received(connection, chunk) })
+      // Per connection: a position reported beyond what this server sent would hold its shutdown up as 0 did.
+      const stream: WalStream = { connection, receivedEnd: 0n }
+      connection.on('copyData', ({ chunk }) => { this.#received(stream, chunk) })
       connection.once('replicationStart', () => { this.#streaming() })
       // The server ends the stream at the end of a timeline (a standby promoted):
       // it waits for the client to end it too before it says where the next one starts.
@@ -156,15 +165,24 @@ export class WalWakeup {
   /**
    * XLogData ('w') wakes the hub. A keepalive ('k') asking for a reply gets
    * a status update: the server asks once half of wal_sender_timeout has
-   * passed without one, and cuts the connection at the whole.
+   * passed without one, and cuts the connection at the whole; and asks at
+   * shutdown, to learn that all it sent has arrived.
    */
-  #received (connection: ReplicationConnection, chunk: Buffer): void {
+  #received (stream: WalStream, chunk: Buffer): void {
     if (chunk[0] === 0x77) {
+      // Its WAL starts at dataStart (bytes 1..8) and follows the 25-byte header.
+      this.#receivedUpTo(stream, chunk.readBigUInt64BE(1) + BigInt(chunk.length - 25))
       this.wakes++
       this.options.onWake()
-    } else if (chunk[0] === 0x6b && chunk[17] === 1) {
-      connection.sendCopyFromChunk(statusUpdate())
+    } else if (chunk[0] === 0x6b) {
+      // walEnd (bytes 1..8): where the server's sending is, all of it sent before this message.
+      this.#receivedUpTo(stream, chunk.readBigUInt64BE(1))
+      if (chunk[17] === 1) stream.connection.sendCopyFromChunk(statusUpdate(stream.receivedEnd))
     }
+  }
+
+  #receivedUpTo (stream: WalStream, end: bigint): void {
+    if (end > stream.receivedEnd) stream.receivedEnd = end
   }
 
   #failed (client: pg.Client, err: unknown): void {

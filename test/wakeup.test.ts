@@ -5,7 +5,7 @@ import t from 'tap'
 import { migrateToLatest } from '../db/migrate.js'
 import { EventHub } from '../events/hub.js'
 import { isRefusal } from '../events/wakeup.js'
-import { build } from './helpers/app.js'
+import { build, serve } from './helpers/app.js'
 import { ownCluster } from './helpers/cluster.js'
 import { movableAddress } from './helpers/proxy.js'
 import { needsServer, testDatabaseUrl, withDatabase } from './helpers/database.js'
@@ -115,6 +115,68 @@ t.test('on a database that allows replication', { skip }, async (t) => {
   t.equal(lines.filter((line) => line.msg.startsWith('event wake-up is streaming WAL again')).length, 1, 'and its end once')
   t.match((await app.inject({ url: '/metrics' })).body, /^event_wakeup_live 1$/m)
   t.equal(stream.events().length, 3, 'every event once')
+})
+
+t.test('a server stopping cleanly does not wait on the wake-up, which comes back once it is started again', { skip }, async (t) => {
+  const cluster = await ownCluster(t)
+  await migrateToLatest(cluster.url)
+  // The timed poll: every 60 s while the wake-up is live, every 1.5 s while it is not.
+  const { app, url } = await serve(t, { DATABASE_URL: cluster.url, EVENTS_WAKEUP: 'wal', EVENTS_POLL_INTERVAL_MS: 1500, EVENTS_WAKEUP_POLL_INTERVAL_MS: 60_000 })
+  const wakeup = app.events.wakeup!
+  await waitUntil(() => wakeup.live, 'the wake-up streams WAL', 10_000)
+  const stream = await openStream(url, '/api/events/stream?after_event_id=0')
+  t.teardown(() => stream.close())
+
+  // At shutdown the WAL sender waits until its client confirms all WAL sent: a wake-up that
+  // confirmed nothing held `pg_ctl stop -m fast` up forever. A clean stop takes about a second; 20 s is for a loaded CI machine.
+  const boundSeconds = 20
+  const stopping = Date.now()
+  const stopped = await cluster.stopClean(boundSeconds).then(() => true, () => false)
+  const stopMs = Date.now() - stopping
+  t.ok(stopped && stopMs < boundSeconds * 1000, stopped ? `pg_ctl stop -m fast finished in ${stopMs} ms, within ${boundSeconds} s` : `pg_ctl stop -m fast still waiting after ${stopMs} ms`)
+  if (!stopped) return
+  await waitUntil(() => !wakeup.live, 'the wake-up notices')
+
+  cluster.start()
+  await waitUntil(() => wakeup.live, 'the wake-up comes back by itself', 20_000)
+  t.equal(wakeup.lost, 1, 'the loss is counted')
+  // As above: the 1.5 s poll scheduled while it was away fires once more, the next is 60 s away.
+  await sleep(1600)
+  const wakesBefore = wakeup.wakes
+  const back = await deliveryMs(cluster.url, stream, 5000)
+  t.ok(back < 1000, `an event committed after the restart reaches the open stream in ${back} ms, where the next timed poll is 60 s away`)
+  t.ok(wakeup.wakes > wakesBefore, 'woken by WAL')
+})
+
+t.test('with synchronous_standby_names = \'*\', the wake-up is never a synchronous standby', { skip: standbySkipReason() }, async (t) => {
+  // A real standby: with synchronous_standby_names set and no synchronous standby, every commit waits.
+  const pair = await startReplicatedPostgres(t)
+  const database = 'ocp_wakeup_sync'
+  await pair.createDatabase(database)
+  const primary = withDatabase(pair.primaryUrl, database)
+  await migrateToLatest(primary)
+  // Keepalives ask for a status update every second, so the wake-up has reported its position well before the commit.
+  await query(pair.primaryUrl, `alter system set synchronous_standby_names = '*'`)
+  await query(pair.primaryUrl, 'alter system set synchronous_commit = on')
+  await query(pair.primaryUrl, `alter system set wal_sender_timeout = '2s'`)
+  await query(pair.primaryUrl, 'select pg_reload_conf()')
+  const app = await build(t, { DATABASE_URL: primary, EVENTS_WAKEUP: 'wal' })
+  await waitUntil(() => app.events.wakeup!.live, 'the wake-up streams WAL', 10_000)
+  const wakeupState = `select write_lsn is not null as written, flush_lsn is null as unflushed, sync_state from pg_stat_replication where application_name = 'ocp-api-wakeup'`
+  await waitUntil(async () => (await query(pair.primaryUrl, wakeupState))[0]?.written === true, 'the wake-up to report how far it has received', 10_000)
+
+  const writer = new pg.Client({ connectionString: primary })
+  await writer.connect()
+  t.teardown(() => writer.end().catch(() => {}))
+  const committing = Date.now()
+  const committed = await Promise.race([
+    writer.query(`insert into events (event_type) values ('task_running')`).then(() => true),
+    sleep(5000).then(() => false)
+  ])
+  t.ok(committed, `a commit completes (in ${Date.now() - committing} ms): it waits on the standby, not on the wake-up`)
+  if (!committed) await query(pair.primaryUrl, `select pg_cancel_backend(pid) from pg_stat_activity where wait_event = 'SyncRep'`)
+  t.match(await query(pair.primaryUrl, wakeupState), [{ unflushed: true, sync_state: 'async' }], 'the wake-up reports no flush position: async, neither sync nor potential')
+  t.same((await query(pair.primaryUrl, `select sync_state from pg_stat_replication where application_name <> 'ocp-api-wakeup'`)).map((row) => row.sync_state), ['sync'], 'the standby is the synchronous one')
 })
 
 t.test('through a hot standby: the wake-up connects to the standby the hub reads from', { skip: standbySkipReason() }, async (t) => {

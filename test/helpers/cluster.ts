@@ -1,9 +1,12 @@
-import { execFileSync } from 'node:child_process'
+import { execFile, execFileSync } from 'node:child_process'
 import { chownSync, existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs'
 import { tmpdir, userInfo } from 'node:os'
 import { join } from 'node:path'
+import { promisify } from 'node:util'
 import type { Test } from 'tap'
 import { freePort } from './wait.js'
+
+const execFileAsync = promisify(execFile)
 
 /*
  * A Postgres server of the test's own, in a temporary directory, that the
@@ -28,6 +31,8 @@ export function findServerBinaries (): string | undefined {
 export interface ServerWorkspace {
   dir: string
   run: (tool: string, args: string[]) => void
+  /** As run, without blocking the event loop: for a tool that waits on this process's own connections. */
+  runAsync: (tool: string, args: string[]) => Promise<void>
   /** Gives a file we wrote to the user the server runs as. */
   own: (path: string) => void
 }
@@ -42,11 +47,17 @@ export function serverWorkspace (prefix: string): ServerWorkspace {
     : undefined
   const own = (path: string) => { if (owner !== undefined) chownSync(path, owner.uid, owner.gid) }
   own(dir)
+  const command = (tool: string, args: string[]) =>
+    asRoot ? ['runuser', '-u', 'postgres', '--', join(bin, tool), ...args] : [join(bin, tool), ...args]
   const run = (tool: string, args: string[]) => {
-    const command = asRoot ? ['runuser', '-u', 'postgres', '--', join(bin, tool), ...args] : [join(bin, tool), ...args]
-    execFileSync(command[0]!, command.slice(1), { stdio: 'pipe' })
+    const [file, ...rest] = command(tool, args)
+    execFileSync(file!, rest, { stdio: 'pipe' })
   }
-  return { dir, run, own }
+  const runAsync = async (tool: string, args: string[]) => {
+    const [file, ...rest] = command(tool, args)
+    await execFileAsync(file!, rest)
+  }
+  return { dir, run, runAsync, own }
 }
 
 export interface Cluster {
@@ -54,11 +65,17 @@ export interface Cluster {
   start: () => void
   /** Stops at once, as a crash would (pg_ctl stop -m immediate). */
   stop: () => void
+  /**
+   * Stops cleanly (pg_ctl stop -m fast), failing after `timeoutSeconds`: the
+   * server waits for its WAL senders' clients to confirm all WAL sent. Async,
+   * so that clients in this process can answer meanwhile.
+   */
+  stopClean: (timeoutSeconds: number) => Promise<void>
 }
 
 /** A server of the test's own; `settings` are more `-c name=value` options for it. */
 export async function ownCluster (t: Test, settings = ''): Promise<Cluster> {
-  const { dir, run } = serverWorkspace('ocp-pg-')
+  const { dir, run, runAsync } = serverWorkspace('ocp-pg-')
   const data = join(dir, 'data')
   run('initdb', ['-D', data, '-A', 'trust', '-U', 'postgres', '--no-sync', '-E', 'UTF8'])
   const port = await freePort()
@@ -68,7 +85,8 @@ export async function ownCluster (t: Test, settings = ''): Promise<Cluster> {
   const cluster: Cluster = {
     url: `postgres://postgres@127.0.0.1:${port}/postgres`,
     start: () => run('pg_ctl', ['-D', data, '-o', options, '-l', join(dir, 'log'), '-w', 'start']),
-    stop: () => run('pg_ctl', ['-D', data, '-m', 'immediate', '-w', 'stop'])
+    stop: () => run('pg_ctl', ['-D', data, '-m', 'immediate', '-w', 'stop']),
+    stopClean: (timeoutSeconds) => runAsync('pg_ctl', ['-D', data, '-m', 'fast', '-t', String(timeoutSeconds), '-w', 'stop'])
   }
   cluster.start()
   t.teardown(() => {
