@@ -74,11 +74,16 @@ export const cursorExpired = (name: string, cursor: number, floor: number) => ne
   `${name} ${cursor} is older than the event history kept (events up to ${floor} are gone): refetch what you show, then resume from the X-Event-Cursor of that read`)
 
 /**
- * An event cursor (`name`) inside a range of ids that a failover handed out
- * again (after `after`, through `through`): the events it saw may be gone.
+ * An event cursor inside a range of ids skipped after a failover or a crash
+ * (after `after`, through `through`): no event of the database has one, so
+ * the events it saw are gone. 410, like an expired one; the Durable Streams
+ * routes say it in their own words.
  */
-export const cursorReissued = (name: string, cursor: number, after: number, through: number) => new ApiError('cursor_expired',
-  `${name} ${cursor} may name an event the database lost in a failover (the ids after ${after} up to ${through} were handed out again): refetch what you show, then resume from the X-Event-Cursor of that read`)
+export class CursorLostError extends ApiError {
+  constructor (name: string, cursor: number, after: number, through: number) {
+    super('cursor_expired', `${name} ${cursor} may name an event the database lost in a failover or a crash (it has no event after ${after} up to ${through}): refetch what you show, then resume from the X-Event-Cursor of that read`)
+  }
+}
 
 /**
  * An event cursor (`cursorName`) above every id the event log has handed
@@ -95,9 +100,9 @@ export class CursorBeyondError extends ApiError {
 export const offsetBeyond = (offset: string, last: string) =>
   badRequest(`offset ${offset} is beyond the last offset handed out (${last}): pass -1, now, or a Stream-Next-Offset this service sent`)
 
-/** A cursor read while the database is on a WAL timeline its keeper has not recorded yet (a standby just promoted). */
-export const timelinePending = (name: string) => new ApiError('unavailable',
-  `the database was just promoted, and whether ${name} names an event it lost is not known yet: retry in a moment`)
+/** A cursor read while the database may have lost commits that its keeper has not recorded yet (a standby just promoted, a server restarted after a crash). */
+export const lossPending = (name: string) => new ApiError('unavailable',
+  `the database was just promoted or restarted, and whether ${name} names an event it lost is not known yet: retry in a moment`)
 
 /** SQLSTATE classes and codes that mean "the database cannot serve now", not "the request is wrong". */
 const unavailableSqlStates = [

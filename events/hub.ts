@@ -1,7 +1,7 @@
 import type { FastifyBaseLogger } from 'fastify'
 import { setImmediate as nextTurn } from 'node:timers/promises'
 import type { Db } from '../db/schema.js'
-import { pollAfter, settledNowWithState, type EventFilter, type LogState, type StoredEvent } from './log.js'
+import { pollAfter, startingPosition, type EventFilter, type LogState, type StoredEvent } from './log.js'
 import { EventWindow } from './window.js'
 
 export interface HubOptions {
@@ -20,7 +20,7 @@ export interface Listener {
   offer: (event: StoredEvent) => void
   /** After a poll has handed out everything up to the head: true when the listener answered (a long-poll with events). */
   settled?: () => boolean
-  /** A new epoch began at `base` (ids after it may be handed out again): a listener past it ends. */
+  /** A new epoch began at `base` (what was read after it may be gone): a listener past it ends. */
   rewound: (base: number) => void
   /** The hub stops: the listener ends (its client resumes elsewhere). */
   close: () => void
@@ -67,9 +67,11 @@ const HEAD_WAIT_POLL_MS = 10
  * the events up to there and any run of ids just above it with no hole.
  * An event above a hole waits until the keeper settles it (the hub tells
  * it, onWaiting); how long delivery has waited is a metric, and a log line
- * past SETTLE_WAIT_LOG_MS. When the state starts a new epoch (ids handed
- * out again: a failover, a sequence moved back), the listeners past the
- * epoch's base end and the hub reads on from there.
+ * past SETTLE_WAIT_LOG_MS. When the state starts a new epoch (a failover,
+ * a restart after a crash, a TRUNCATE: what was read may be gone), the
+ * listeners past the epoch's base end and the hub reads on from there;
+ * from the moment it reads a server that may have lost commits, it serves
+ * nothing from memory (docs/stream.md, "Failover, restarts and rewinds").
  *
  * A wake-up source (wakeup.ts) calls wake() when something may have been
  * committed: the hub then polls at once, or when the poll in flight ends,
@@ -95,9 +97,7 @@ export class EventHub {
   onWaiting: ((waitedMs: number | undefined) => void) | undefined
   /** Called after each tick, polled or failed, with the time and the head (the streams' keep-alives). */
   onTicked: ((now: number, head: number) => void) | undefined
-  #timelineLogged = false
-  /** The WAL timeline the last poll read on (null on a hot standby, or before the first poll). */
-  #readTimeline: number | null = null
+  #lossLogged = false
   /** The pending poll: a timer, or an immediate when it was due at once. */
   #timer: { timeout: NodeJS.Timeout } | { immediate: NodeJS.Immediate } | undefined
   /** When the pending timer fires (epoch ms). */
@@ -225,7 +225,7 @@ export class EventHub {
    */
   ready (): Promise<number> {
     if (this.#head !== undefined) return Promise.resolve(this.#head)
-    this.#initializing ??= settledNowWithState(this.db, 0).then(({ position, state }) => {
+    this.#initializing ??= startingPosition(this.db).then(({ position, state }) => {
       this.#state ??= state
       this.#head ??= position
       this.#window ??= new EventWindow(this.#head, this.options.windowBytes)
@@ -277,16 +277,17 @@ export class EventHub {
         continue
       }
       this.#state = state
-      if (state.newTimeline && this.#readTimeline !== null && state.timeline !== this.#readTimeline) {
-        // This hub read a primary that is gone; its head may hold ids the promoted standby lost. What
-        // was lost is known once the keeper records the new timeline (a new epoch): until then, wait.
-        if (!this.#timelineLogged) this.options.log.warn({ head }, 'the database is on a new WAL timeline (a standby was promoted): delivery waits until the event log\'s keeper records it')
-        this.#timelineLogged = true
+      if (state.lossPending) {
+        // Commits this hub saw may be gone (a crash, a failover): nothing is served from memory, and its
+        // head may hold ids the database lost. What was lost is known once the keeper records it (a new
+        // epoch): until then, wait.
+        if (this.#window!.size > 0) this.#window = new EventWindow(head, this.options.windowBytes)
+        if (!this.#lossLogged) this.options.log.warn({ head }, 'the database failed over or recovered from a crash: delivery waits until the event log\'s keeper records what it may have lost')
+        this.#lossLogged = true
         hole = true
         break
       }
-      this.#timelineLogged = false
-      this.#readTimeline = state.timeline
+      this.#lossLogged = false
       const window = this.#window!
       let settled = Math.max(head, state.settled)
       // Events above a hole, not read again while it waits.
@@ -335,17 +336,17 @@ export class EventHub {
   }
 
   /**
-   * The keeper started a new epoch: ids after its base may have been handed
-   * out again. Streams that went past the base end (their clients reconnect
-   * and learn, by a 410, to refetch), the window empties, long-polls past
-   * the base answer as they stand, and reading goes on from the base.
+   * The keeper started a new epoch: what was read after its base may be
+   * gone. Streams that went past the base end (their clients reconnect, and
+   * learn by a 410 to refetch if they saw what is gone), the window empties,
+   * long-polls past the base answer as they stand, and reading goes on from
+   * the base.
    */
   #startEpoch (state: LogState): void {
     const base = state.epochBase
     this.options.log.warn({ epoch: state.epoch, base, head: this.#head, reissued: state.reissued },
-      `the event log started a new epoch (a failover, or its sequence moved back): ids after ${base} may have been handed out again; streams past it end, and their clients refetch`)
+      `the event log started a new epoch (a failover, a restart after a crash, or a TRUNCATE): what was read after ${base} may be gone; streams past it end, and their clients resume or refetch`)
     this.#state = state
-    this.#readTimeline = state.timeline
     for (const listener of [...this.#listeners()]) listener.rewound(base)
     this.#head = Math.min(this.#head!, base)
     this.#window = new EventWindow(this.#head, this.options.windowBytes)

@@ -44,14 +44,24 @@ export interface LogState {
   settled: number
   /** The history's floor (EVENTS_RETENTION): every event at or below it may be gone. */
   floor: number
-  /** Moves on when ids may be handed out again (a failover, a sequence moved back); epochBase is the highest id the epochs share. */
+  /**
+   * Moves on when the history under the log changed (a failover, a restart
+   * that went through recovery, a TRUNCATE): every replica drops its memory
+   * of recent events, and ends the streams past epochBase, the highest
+   * position the epochs share.
+   */
   epoch: number
   epochBase: number
-  /** Ranges (after, through] of ids handed out again after a failover: a cursor in one may have seen events that are gone. */
+  /** Ranges (after, through] of ids skipped at a failover or a restart: a cursor in one may have seen events that are gone. */
   reissued: Array<[number, number]>
-  /** The WAL timeline the statement ran on (null on a hot standby), and whether the keeper has not recorded it yet: a standby was just promoted. */
+  /** The WAL timeline the statement ran on (null on a hot standby). */
   timeline: number | null
-  newTimeline: boolean
+  /**
+   * Whether the database may have lost commits that the keeper has not
+   * recorded yet: a standby just promoted, a server that recovered from a
+   * crash (db/sql/forks.sql). Always false on a hot standby.
+   */
+  lossPending: boolean
   /** The writer the keeper's settled position waits for: its backend, or a prepared transaction's name. */
   waitingPid: number | null
   waitingTransaction: string | null
@@ -59,7 +69,7 @@ export interface LogState {
   preparedWriters: number
   /** Seconds since the keeper last published the settled position. */
   settledAge: number
-  /** The highest id the sequence has handed out: no cursor above it was ever given. Infinity on a hot standby, which cannot tell. */
+  /** The highest id the log has handed out (the sequence, or the keeper's last census if the sequence was just moved back): no cursor above it was ever given. Infinity on a hot standby, which cannot tell. */
   drawn: number
 }
 
@@ -70,7 +80,7 @@ interface LogStateRow {
   epoch_base: string
   reissued: string[]
   timeline: string | null
-  new_timeline: boolean
+  loss_pending: boolean
   waiting_pid: number | null
   waiting_transaction: string | null
   prepared_writers: number
@@ -81,10 +91,11 @@ interface LogStateRow {
 /** The row of LogState, as one subquery (`s`) that any read can join. */
 const logStateRow = sql<LogStateRow>`(select s.settled::text, s.history_floor::text as floor, s.epoch, s.epoch_base::text,
     array(select (lower(r) - 1)::text || ':' || (upper(r) - 1)::text from unnest(s.reissued) r) as reissued,
-    t.timeline, coalesce(t.timeline <> s.timeline, false) as new_timeline,
+    t.timeline, case when t.is_primary then pg_sequence_last_value('events_ids_safe') is null or coalesce(pg_sequence_last_value('events_forks'), 0) > s.forks
+      else false end as loss_pending,
     s.waiting_pid, s.waiting_transaction, s.prepared_writers,
-    extract(epoch from clock_timestamp() - s.settled_at)::float8 as settled_age, coalesce(t.drawn::text, 'Infinity') as drawn
-  from event_log_state s, (select events_timeline() as timeline, d.drawn from events_id_drawn d) t)`
+    extract(epoch from clock_timestamp() - s.settled_at)::float8 as settled_age, case when t.drawn is null then 'Infinity' else greatest(t.drawn, s.census_drawn)::text end as drawn
+  from event_log_state s, (select events_timeline() as timeline, not pg_is_in_recovery() as is_primary, d.drawn from events_id_drawn d) t)`
 
 const toLogState = (row: LogStateRow): LogState => ({
   settled: Number(row.settled),
@@ -93,7 +104,7 @@ const toLogState = (row: LogStateRow): LogState => ({
   epochBase: Number(row.epoch_base),
   reissued: row.reissued.map((range) => range.split(':').map(Number) as [number, number]),
   timeline: row.timeline === null ? null : Number(row.timeline),
-  newTimeline: row.new_timeline,
+  lossPending: row.loss_pending,
   waitingPid: row.waiting_pid,
   waitingTransaction: row.waiting_transaction,
   preparedWriters: row.prepared_writers,
@@ -128,10 +139,28 @@ export async function settledNow (db: Db, known: number): Promise<number> {
   return Number(row.id)
 }
 
-/** settledNow, with the keeper's state read in the same statement. */
-export async function settledNowWithState (db: Db, known: number): Promise<{ position: number, state: LogState }> {
-  const row = await db.selectFrom(logStateRow.as('s')).selectAll('s').select(settledPosition(known).as('position')).executeTakeFirstOrThrow()
-  return { position: Number(row.position), state: toLogState(row) }
+/**
+ * Ids a replica that starts walks per statement: a long run of visible ids
+ * above the published position (a history bulk-loaded, a keeper long away)
+ * is walked in steps that no statement timeout cuts.
+ */
+export const START_WALK_IDS = 100_000
+
+/**
+ * The position a replica starts at, with the keeper's state (read in the
+ * first statement): the published one, extended over the whole run of
+ * visible ids above it, a statement per START_WALK_IDS. So it starts
+ * where the running replicas are, whatever the history's length.
+ */
+export async function startingPosition (db: Db): Promise<{ position: number, state: LogState }> {
+  const walk = (from: number) => sql<string>`events_settled(${from}::bigint, ${START_WALK_IDS}::integer)::text`
+  const row = await db.selectFrom(logStateRow.as('s')).selectAll('s').select(walk(0).as('position')).executeTakeFirstOrThrow()
+  let position = Number(row.position)
+  for (;;) {
+    const next = Number((await db.selectNoFrom(walk(position).as('position')).executeTakeFirstOrThrow()).position)
+    if (next < position + START_WALK_IDS) return { position: next, state: toLogState(row) }
+    position = next
+  }
 }
 
 /** The columns a StoredEvent is read from, and the reading. */

@@ -1,5 +1,5 @@
 import type { Db } from '../db/schema.js'
-import { cursorExpired, CursorBeyondError, cursorReissued, timelinePending } from '../errors.js'
+import { cursorExpired, CursorBeyondError, CursorLostError, lossPending } from '../errors.js'
 import type { EventHub } from './hub.js'
 import { eventsAfterKept, reissuedRange, type EventFilter, type LogState, type StoredEvent } from './log.js'
 
@@ -9,23 +9,22 @@ export const CATCH_UP_PAGE_SIZE = 500
 /**
  * Throws when a client's event cursor (`name`: after_event_id,
  * Last-Event-ID, an offset) cannot be served as it stands: below the
- * history's floor, or inside a range of ids that a failover handed out
- * again (410 cursor_expired: the client refetches); above what is settled
- * while the database is on a timeline its keeper has not recorded yet (a
- * transient refusal: the client retries; the promoted sequence may not
- * have reached ids the old primary handed out); above every id the
- * sequence has handed out (400: it would wait forever). A cursor merely
- * ahead of the settled position waits.
+ * history's floor, or inside a range of ids skipped after a failover or a
+ * crash (410 cursor_expired: the client refetches); above what is settled
+ * while the database may have lost commits its keeper has not recorded yet
+ * (a transient refusal: the client retries; the cursor may name an event
+ * that is gone); above every id the log has handed out (400: it would wait
+ * forever). A cursor merely ahead of the settled position waits.
  */
 export function assertEventCursorKept (name: string, cursor: number, state: LogState, floor = state.floor): void {
   if (cursor < floor) throw cursorExpired(name, cursor, floor)
   const reissued = reissuedRange(state, cursor)
-  if (reissued !== undefined) throw cursorReissued(name, cursor, ...reissued)
-  if (state.newTimeline && cursor > state.settled) throw timelinePending(name)
+  if (reissued !== undefined) throw new CursorLostError(name, cursor, ...reissued)
+  if (state.lossPending && cursor > state.settled) throw lossPending(name)
   if (cursor > state.drawn) throw new CursorBeyondError(name, cursor, state.drawn)
 }
 
-/** A position as a client may be given it: inside a range reissued after a failover, the position that range starts at. */
+/** A position as a client may be given it: inside a range skipped after a failover or a crash, the position that range starts at. */
 export const reportable = (state: LogState, position: number) => reissuedRange(state, position)?.[0] ?? position
 
 /**

@@ -275,10 +275,10 @@ t.test('a cursor beyond the last event_id ever handed out is a 400 saying so; on
 })
 
 t.test('where the sequence cannot tell, or a failover is not recorded yet, a cursor ahead is never refused as beyond', async (t) => {
-  const state = { floor: 0, reissued: [], newTimeline: false, settled: 10, drawn: 12 } as unknown as LogState
+  const state = { floor: 0, reissued: [], lossPending: false, settled: 10, drawn: 12 } as unknown as LogState
   t.throws(() => assertEventCursorKept('after_event_id', 13, state), { code: 'bad_request', cursorName: 'after_event_id', cursor: 13, last: 12 })
   t.doesNotThrow(() => assertEventCursorKept('after_event_id', 12, state), 'within the sequence: it waits')
   t.doesNotThrow(() => assertEventCursorKept('after_event_id', 2 ** 52, { ...state, drawn: Infinity }), 'a hot standby (its sequence may lag the primary\'s): it waits')
-  t.throws(() => assertEventCursorKept('after_event_id', 13, { ...state, newTimeline: true }), { code: 'unavailable' },
+  t.throws(() => assertEventCursorKept('after_event_id', 13, { ...state, lossPending: true }), { code: 'unavailable' },
     'a standby just promoted (its sequence may not have reached what the old primary handed out): retry, not 400')
 })

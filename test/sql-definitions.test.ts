@@ -53,8 +53,8 @@ async function readDefinitions (client: pg.ClientBase): Promise<Definitions> {
         or g.tgfoid in (select p.oid from pg_proc p where ${OURS}))`)
   const sequences = await client.query<{ name: string, definition: string }>(`
     select c.relname as name,
-      format('as %s start %s increment %s minvalue %s maxvalue %s cache %s cycle %s owned by %s acl %s',
-        s.seqtypid::regtype, s.seqstart, s.seqincrement, s.seqmin, s.seqmax, s.seqcache, s.seqcycle,
+      format('%s as %s start %s increment %s minvalue %s maxvalue %s cache %s cycle %s owned by %s acl %s',
+        case c.relpersistence when 'u' then 'unlogged' else 'logged' end, s.seqtypid::regtype, s.seqstart, s.seqincrement, s.seqmin, s.seqmax, s.seqcache, s.seqcycle,
         coalesce((select d.refobjid::regclass::text || '.' || a.attname from pg_depend d
           join pg_attribute a on a.attrelid = d.refobjid and a.attnum = d.refobjsubid
           where d.classid = 'pg_class'::regclass and d.objid = c.oid and d.refclassid = 'pg_class'::regclass and d.deptype = 'a'), 'none'),
@@ -148,7 +148,7 @@ t.test('db/sql/ states what the migrated database has, object for object', async
   const client = await connect()
   const result = await compare(client, sqlFiles())
   // The readings are not empty by mistake: the objects every reader and writer relies on are in them.
-  t.ok(result.database.function.has('events_keep_order(bigint,integer)') && result.database.function.has('events_settled(bigint)') &&
+  t.ok(result.database.function.has('events_keep_order(integer,text,bigint,integer)') && result.database.function.has('events_settled(bigint,integer)') &&
     result.database.function.has('stream_token_key()'), 'the database has the functions of the event order')
   t.ok(result.database.trigger.has('events events_explicit_id') && result.database.trigger.has('events_default events_explicit_id'), 'and its triggers, clones included')
   t.equal(result.database.default.get('events.event_id'), 'events_next_id()', 'and the id default')
@@ -174,13 +174,14 @@ t.test('the comparison fails on any real difference', async (t) => {
     return new Map([...files, [file, next]])
   }
   const cases: Array<[string, Map<string, string>, string]> = [
-    ['a body', changed('readers.sql', 'e.event_id = p + 1)', 'e.event_id = p + 2)'), 'function events_settled(bigint): differs'],
-    ['a volatility', changed('readers.sql', 'language plpgsql stable', 'language plpgsql volatile'), 'function events_settled(bigint): differs'],
+    ['a body', changed('readers.sql', 'e.event_id = p + 1)', 'e.event_id = p + 2)'), 'function events_settled(bigint,integer): differs'],
+    ['a volatility', changed('readers.sql', 'language plpgsql stable', 'language plpgsql volatile'), 'function events_settled(bigint,integer): differs'],
     ['security definer', changed('older-replicas.sql', 'returns bigint\nlanguage plpgsql volatile security definer', 'returns bigint\nlanguage plpgsql volatile'), 'function events_drawn(): differs'],
-    ['a search_path', changed('keeper.sql', 'security definer set search_path from current', 'security definer set search_path = pg_catalog, public'), 'function events_census(bigint,bigint,text[],bigint[],bigint[]): differs'],
-    ['a default argument', changed('keeper.sql', 'pause_ms integer default 0', 'pause_ms integer default 1'), 'function events_keep_order(bigint,integer): differs'],
+    ['a search_path', changed('keeper.sql', 'security definer set search_path from current', 'security definer set search_path = pg_catalog, public'), 'function events_census(bigint,bigint,text[],bigint[],bigint[],bigint): differs'],
+    ['a default argument', changed('keeper.sql', 'pause_ms integer default 0', 'pause_ms integer default 1'), 'function events_keep_order(integer,text,bigint,integer): differs'],
     ['a trigger', changed('event-ids.sql', 'before update of event_id on events', 'before update on events'), 'trigger events events_id_unchanged: differs'],
     ['a sequence', changed('event-ids.sql', 'minvalue 0 start 1 cache 1', 'minvalue 0 start 1 cache 10'), 'sequence events_event_id_seq: differs'],
+    ['a sequence that must not survive a crash', changed('forks.sql', 'create unlogged sequence events_ids_safe', 'create sequence events_ids_safe'), 'sequence events_ids_safe: differs'],
     ['a view', changed('readers.sql', 'else s.last_value - 1 end as drawn', 'else s.last_value end as drawn'), 'view events_id_drawn: differs'],
     ['an inlined function', changed('readers.sql', 'returns table (settled bigint)\nlanguage sql stable', 'returns table (settled bigint)\nlanguage sql stable strict'), 'function events_settled_row(bigint): differs'],
     ['a grant', changed('event-ids.sql', 'grant select on sequence events_settle_mark to public;', ''), 'sequence events_settle_mark: differs'],

@@ -13,6 +13,7 @@ import * as eventsDrawnForReaders from './0011_events_drawn_for_readers.js'
 import * as streamTokenKey from './0012_stream_token_key.js'
 import * as eventsSettledWithoutPartitionLocks from './0013_events_settled_without_partition_locks.js'
 import * as eventsSettledInlined from './0014_events_settled_inlined.js'
+import * as eventsForksAndLease from './0015_events_forks_and_lease.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -37,5 +38,6 @@ export const migrations: Record<string, Migration> = {
   '0011_events_drawn_for_readers': eventsDrawnForReaders,
   '0012_stream_token_key': streamTokenKey,
   '0013_events_settled_without_partition_locks': eventsSettledWithoutPartitionLocks,
-  '0014_events_settled_inlined': eventsSettledInlined
+  '0014_events_settled_inlined': eventsSettledInlined,
+  '0015_events_forks_and_lease': eventsForksAndLease
 }

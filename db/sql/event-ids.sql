@@ -60,12 +60,8 @@
 -- triggers are cloned onto every partition, and its default is copied to
 -- each new one.
 --
--- TRUNCATE ... RESTART IDENTITY moves the sequence back: the ids it hands
--- out again must not be refused as late, so events_truncated puts the mark
--- back to 0 and tells the keeper, in the same transaction, to start a new
--- epoch (keeper.sql). Security definer (its search_path fixed, as
--- keeper.sql says): whoever may truncate the events may do this, without
--- rights of their own on the mark or event_log_state.
+-- The sequence never moves back: what a TRUNCATE, a setval or a failover
+-- does to it is forks.sql.
 --
 -- Not a migration: a change is made by a new migration, then copied here
 -- (test/sql-definitions.test.ts fails while the two differ).
@@ -96,11 +92,11 @@ declare
 begin
   if new.event_id > drawn then
     perform setval('events_event_id_seq', new.event_id);
-  elsif new.event_id <= mark and mark <= drawn then
+  elsif new.event_id <= mark then
     raise exception using
       errcode = 'check_violation',
       table = 'events', column = 'event_id', constraint = 'events_event_id_drawn_by_its_writer',
-      message = format('event_id %s cannot be inserted: the event log has settled every id up to %s, and streams have moved past it', new.event_id, mark),
+      message = format('event_id %s cannot be inserted: the event log has settled every id up to %s, and streams have moved past it (or the database failed over or restarted since it was drawn)', new.event_id, mark),
       hint = 'An event''s id must be drawn by the transaction that inserts it: leave event_id out (its default draws one), or use nextval(''events_event_id_seq'') in the same transaction. An id drawn by another transaction, or one a rolled-back transaction left unused, would never reach the streams.';
   end if;
   return null;
@@ -129,19 +125,3 @@ before update of event_id on events
 for each row
 when (old.event_id is distinct from new.event_id)
 execute function events_id_unchanged();
-
-create or replace function events_truncated() returns trigger
-language plpgsql security definer set search_path from current as $$
-begin
-  if not (select s.is_called from events_event_id_seq s) then
-    perform setval('events_settle_mark', 0, true);
-    update event_log_state set rewind_pending = true;
-  end if;
-  return null;
-end
-$$;
-
-create trigger events_truncated
-after truncate on events
-for each statement
-execute function events_truncated();

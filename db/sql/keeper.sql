@@ -9,10 +9,18 @@
 -- no reader moves past an id that commits later, though writers commit ids
 -- out of order and nothing makes them wait.
 --
--- Who runs it. One replica at a time, on the primary: the one holding the
--- event log's upkeep lock (a session advisory lock, events/upkeep/) calls
--- events_keep_order() every EVENTS_CLOCK_INTERVAL_MS, and within about
--- 10 ms when a reader waits on a hole (an id drawn and not visible).
+-- Who runs it: the replica that holds the keeper's lease (keeper, term and
+-- keeper_until in event_log_state), on the primary, every
+-- EVENTS_CLOCK_INTERVAL_MS, and within about 10 ms when a reader waits on
+-- a hole (an id drawn and not visible). events_take_lease() gives the
+-- lease, with a new term, to a replica when it is free or has expired;
+-- each tick renews it. A tick given a keeper and a term that no longer
+-- hold the lease publishes nothing and says so (leads false): a keeper
+-- that stopped (frozen, cut off, its host gone) and comes back is fenced
+-- off, and another replica has taken over once the lease expired. Ticks
+-- lock the row first, so ticks from any process follow one another, each
+-- given the census of the one before; a call without a keeper (an
+-- operator's, a replica of an older version's) ticks like any other.
 --
 -- The census (events_census): who may still commit an id. The writers in
 -- flight are the transactions holding the id sequence's ROW EXCLUSIVE lock
@@ -24,9 +32,11 @@
 --   so it draws above that census's sequence value (its draw bound), and
 --   its inserts were checked against that census's mark or a later one
 --   (its late bound: the lowest id it may insert without having drawn it);
--- - a prepared transaction not recognized (it may have drawn before it took
---   the transaction id it was prepared under) gets the lowest bounds of the
---   census before.
+-- - a prepared transaction not recognized is either a holder seen then
+--   before it had a transaction id (recorded without one, and gone under
+--   its virtual id since), or one not seen then: it gets the lowest bounds
+--   of those; with no census before (the first tick, after a fork or a
+--   rewind), the position published while it was counted.
 --
 -- A holder is recorded as 'virtual id:transaction id' and recognized by
 -- either: a writer may take its transaction id after a census, and PREPARE
@@ -38,13 +48,25 @@
 --
 -- A tick (events_keep_order), one statement, one transaction:
 --
--- 1. A census; the settle mark raised to the lowest id a writer in flight
+-- 1. The row, locked; the lease checked; the ids made safe on this server
+--    (forks.sql), and a fork recorded on the first tick after one: a new
+--    epoch from the fork's position, the ids skipped recorded in
+--    `reissued` (a cursor in them answers 410), the census started over
+--    above them.
+-- 2. A sequence moved back below the last census (setval, ALTER SEQUENCE
+--    ... RESTART) is moved forward again (forks.sql) and the census starts
+--    over from the settled position: ids were handed out that the census
+--    took for drawn before.
+-- 3. A census; the settle mark raised to the lowest id a writer in flight
 --    may still draw (no writer's own id is at or below it); a census again,
 --    so that the holders it finds new are bounded by fresh values.
--- 2. settled := the lowest of the mark in effect when that census read
+-- 4. settled := the lowest of the mark in effect when that census read
 --    pg_locks, the sequence's value, and every holder's bounds; never lower
---    than before.
--- 3. The row written and committed synchronously, even where
+--    than before; then extended over the run of visible ids just above it
+--    (up to 100,000 a tick), so that a transaction that holds the
+--    sequence's lock without having drawn (a reader of pg_sequences left
+--    idle) holds back no reader that starts.
+-- 5. The row written and committed synchronously, even where
 --    synchronous_commit is off: a hole is published as settled only once
 --    the sequence's record of it is on disk, so a crash never hands it out
 --    again.
@@ -53,23 +75,9 @@
 -- writer is in flight, else by the second; or by the first when the tick
 -- pauses (pause_ms) before each of its later censuses, long enough for the
 -- short writers of the census before to end (the keeper pauses when a
--- reader waits on a hole).
---
--- Failover and rewinds. The tick records the WAL timeline
--- (events_timeline(), which every reader also reads, to notice a new one
--- before the keeper has: null on a standby, and where the server refuses
--- the WAL functions, as some managed services do; failovers then go
--- unnoticed). On a new timeline (a standby promoted: it may have lost the
--- old primary's last commits, and with them ids that clients saw), any id
--- above the last position it had settled may be handed out again: the tick
--- moves the sequence `jump` ids (2^32) past it, records the range in
--- between in `reissued` (a cursor inside it answers 410 cursor_expired),
--- and starts a new `epoch`, on which every replica ends its streams above
--- `epoch_base` and reads on from there. A sequence moved back (TRUNCATE ...
--- RESTART IDENTITY or ALTER SEQUENCE ... RESTART, which give it a new file;
--- a setval, seen by its value) starts a new epoch from 0, without a jump:
--- the operator chose the ids. If the sequence moves back while a tick runs,
--- the tick publishes nothing, and the next one starts the epoch.
+-- reader waits on a hole). A writer that took the lock before the mark
+-- passed a hole (because an older writer was still in flight) may insert
+-- that id, drawn by another transaction, so the hole waits for it too.
 --
 -- The clock columns (clock_value, clock_xid, clock_at) are still written,
 -- for replicas of an older version during a rolling deploy
@@ -80,7 +88,10 @@
 -- security definer function here, it keeps the search_path in effect when
 -- it was made ("set search_path from current": the migrating session's,
 -- "$user", public on a server with the default setting), so a caller's own
--- search_path cannot point it at other objects.
+-- search_path cannot point it at other objects. The keeper's functions are
+-- not executable by public: only their owner (the role that migrates, the
+-- one DATABASE_URL names) keeps the log, and a login that can read nothing
+-- can neither take the lease nor hold the row.
 --
 -- Not a migration: a change is made by a new migration, then copied here
 -- (test/sql-definitions.test.ts fails while the two differ).
@@ -88,6 +99,7 @@
 create or replace function events_census(
   prior_drawn bigint, prior_mark bigint,
   prior_writers text[] default '{}', prior_draw_bounds bigint[] default '{}', prior_late_bounds bigint[] default '{}',
+  prepared_bound bigint default null,
   out drawn bigint, out mark bigint, out writers text[], out draw_bounds bigint[], out late_bounds bigint[],
   out waiting_pid integer, out waiting_transaction text, out prepared integer)
 language plpgsql volatile security definer set search_path from current as $$
@@ -108,20 +120,28 @@ begin
     from locks h left join locks x on x.vxid = h.vxid and x.locktype = 'transactionid'
     where h.locktype = 'relation'
     group by h.vxid, h.pid
+  ), unknown as (
+    -- What a prepared transaction not recognized may be, besides a writer not seen before: one of the prior
+    -- census's holders recorded without a transaction id (it took one, then prepared under another virtual id),
+    -- gone under that virtual id since.
+    select min(p.draw_bound) as draw_bound, min(p.late_bound) as late_bound
+    from unnest(prior_writers, prior_draw_bounds, prior_late_bounds) p (writer, draw_bound, late_bound)
+    where split_part(p.writer, ':', 2) = '' and split_part(p.writer, ':', 1) not in (select h.vxid from holders h)
   ), census as (
     -- Recorded as 'virtual id:transaction id', recognized by either: a writer may
     -- take its transaction id after a census. One not seen before took the lock
     -- after that census read pg_locks. A prepared transaction not recognized
-    -- (it may have drawn before it took the id it was prepared under) gets the
-    -- lowest bounds of the prior census.
+    -- gets the lowest bounds of those it may be (unknown), and prepared_bound
+    -- when there was no census before (one prepared before a fork or a restart).
     select h.vxid || ':' || coalesce(h.xid, '') as writer, h.pid, h.xid,
-      coalesce(p.draw_bound, case when h.pid is null then least(prior_drawn, (select min(b) from unnest(prior_draw_bounds) b)) else prior_drawn end) as draw_bound,
-      coalesce(p.late_bound, case when h.pid is null then least(prior_mark, (select min(b) from unnest(prior_late_bounds) b)) else prior_mark end) as late_bound
+      coalesce(p.draw_bound, case when h.pid is null then least(prior_drawn, u.draw_bound, prepared_bound) else prior_drawn end) as draw_bound,
+      coalesce(p.late_bound, case when h.pid is null then least(prior_mark, u.late_bound, prepared_bound) else prior_mark end) as late_bound
     from holders h left join lateral (
       select min(p.draw_bound) as draw_bound, min(p.late_bound) as late_bound
       from unnest(prior_writers, prior_draw_bounds, prior_late_bounds) p (writer, draw_bound, late_bound)
       where split_part(p.writer, ':', 1) = h.vxid or (h.xid is not null and split_part(p.writer, ':', 2) = h.xid)
     ) p on true
+    cross join unknown u
   )
   select coalesce(array_agg(c.writer order by least(c.draw_bound, c.late_bound)), '{}'),
          coalesce(array_agg(c.draw_bound order by least(c.draw_bound, c.late_bound)), '{}'),
@@ -133,6 +153,7 @@ begin
     from census c left join pg_prepared_xacts x on c.pid is null and x.transaction::text = c.xid and x.database = current_database();
 end
 $$;
+revoke execute on function events_census(bigint, bigint, text[], bigint[], bigint[], bigint) from public;
 
 -- The primary's WAL timeline; null on a standby, and where the server does not say.
 create or replace function events_timeline() returns bigint
@@ -147,63 +168,76 @@ exception when others then
 end
 $$;
 
-create or replace function events_keep_order(jump bigint default 4294967296, pause_ms integer default 0,
-  out settled bigint, out history_floor bigint, out epoch integer, out rewound text)
+create or replace function events_keep_order(pause_ms integer default 0, keeper text default null, term bigint default null, lease_ms integer default 0,
+  out settled bigint, out history_floor bigint, out epoch integer, out rewound text, out leads boolean)
 language plpgsql volatile security definer set search_path from current as $$
 declare
+  walk constant bigint := 100000;
   s event_log_state%rowtype;
   drawn_before_xid bigint;
-  current_timeline bigint;
+  drawn bigint;
+  census_from bigint;
   prior record;
   a record;
   b record;
   lowest_bound bigint;
   last_drawn bigint;
   moved_back boolean;
+  reached bigint;
 begin
-  -- Read while this transaction holds no transaction id yet: the clock's value.
+  -- Read while this transaction holds no transaction id yet: the clock's value (older-replicas.sql).
   select case when q.is_called then q.last_value else q.last_value - 1 end into drawn_before_xid from events_event_id_seq q;
   -- The settled position is only ever written to disk first: a crash must not hand out again an id it settled.
   if current_setting('synchronous_commit') = 'off' then
     perform set_config('synchronous_commit', 'local', true);
   end if;
+  -- The row first: every tick, from any process, reads the census of the one before it, and the sequence after it.
   select * into s from event_log_state for update;
-  current_timeline := events_timeline();
-
-  if current_timeline is not null and s.timeline is not null and current_timeline <> s.timeline then
-    -- A standby promoted: ids above the last position it had settled may have been handed out by the old primary.
-    rewound := 'failover';
-    s.epoch := s.epoch + 1;
-    s.epoch_base := s.settled;
-    s.reissued := s.reissued + int8multirange(int8range(s.settled, greatest(drawn_before_xid, s.census_drawn, s.settled) + jump, '(]'));
-    perform setval('events_event_id_seq', upper(s.reissued) - 1)
-      where (select case when q.is_called then q.last_value else q.last_value - 1 end from events_event_id_seq q) < upper(s.reissued) - 1;
-    s.census_drawn := null;
-  elsif s.rewind_pending
-    or s.sequence_file <> (select c.relfilenode from pg_class c where c.oid = 'events_event_id_seq'::regclass)
-    or (s.census_drawn is not null and drawn_before_xid < s.census_drawn) then
-    -- The sequence was moved back (TRUNCATE ... RESTART IDENTITY and ALTER SEQUENCE ... RESTART
-    -- give it a new file; setval is seen by its value): its ids will be handed out again.
-    rewound := 'sequence';
-    s.epoch := s.epoch + 1;
-    s.epoch_base := 0;
-    s.settled := 0;
-    s.history_floor := 0;
-    s.census_drawn := null;
-    perform setval('events_settle_mark', 0, true);
+  settled := s.settled;
+  history_floor := s.history_floor;
+  epoch := s.epoch;
+  leads := keeper is null or (s.keeper = keeper and s.keeper_term = term);
+  if not leads then
+    -- Another replica took the lease: this one publishes nothing.
+    return;
   end if;
 
-  -- With no census before (the first tick, or a new epoch): every writer in flight is above the settled position.
-  select coalesce(s.census_drawn, s.settled) as drawn,
-    case when s.census_drawn is null then s.settled else s.census_mark end as mark,
+  -- The ids made safe on this server, and a sequence moved back moved forward again (forks.sql): ids it took
+  -- for drawn may have been handed out again, so the census starts over from the settled position (every
+  -- writer in flight is bounded by it).
+  rewound := events_make_ids_safe();
+  if rewound is not null then
+    s.census_drawn := null;
+  end if;
+  -- On the first tick after a fork, the fork recorded.
+  census_from := s.settled;
+  if pg_sequence_last_value('events_forks') > s.forks then
+    rewound := case when events_timeline() is distinct from s.timeline then 'failover' else 'restart' end;
+    s.forks := pg_sequence_last_value('events_forks');
+    s.epoch := s.epoch + 1;
+    s.epoch_base := pg_sequence_last_value('events_fork_from') - 1;
+    s.reissued := s.reissued + int8multirange(int8range(s.epoch_base, pg_sequence_last_value('events_fork_to'), '()'));
+    -- Every writer in flight drew above the fork's jump, or is refused (its id is below the mark).
+    s.census_drawn := null;
+    census_from := pg_sequence_last_value('events_fork_to');
+  end if;
+
+  select case when q.is_called then q.last_value else q.last_value - 1 end into drawn from events_event_id_seq q;
+
+  -- With no census before (the first tick, after a fork or a rewind): every writer in flight is above census_from.
+  select coalesce(s.census_drawn, census_from) as drawn,
+    case when s.census_drawn is null then census_from else s.census_mark end as mark,
     case when s.census_drawn is null then '{}'::text[] else s.census_writers end as writers,
     case when s.census_drawn is null then '{}'::bigint[] else s.census_draw_bounds end as draw_bounds,
     case when s.census_drawn is null then '{}'::bigint[] else s.census_late_bounds end as late_bounds
     into prior;
   -- Each read of the sequence must be at or above the one before: below it, the sequence moved back while
-  -- this tick ran (a TRUNCATE ... RESTART IDENTITY committed under it).
-  last_drawn := greatest(prior.drawn, drawn_before_xid);
-  select * into a from events_census(prior.drawn, prior.mark, prior.writers, prior.draw_bounds, prior.late_bounds);
+  -- this tick ran (a TRUNCATE ... RESTART IDENTITY or a setval committed under it).
+  last_drawn := greatest(prior.drawn, drawn);
+  -- A prepared transaction may have drawn at any time before (on the old primary, before a crash): with no census
+  -- before, it is bounded by the position published while it was counted.
+  select * into a from events_census(prior.drawn, prior.mark, prior.writers, prior.draw_bounds, prior.late_bounds,
+    case when s.census_drawn is null then s.settled end);
   moved_back := a.drawn < last_drawn;
   if pause_ms > 0 and cardinality(a.writers) > 0 then
     -- Writers in flight, seen by a census that may be old: a census a pause later bounds those that
@@ -225,14 +259,19 @@ begin
     moved_back := moved_back or b.drawn < last_drawn;
   end if;
   if moved_back then
-    -- Publish nothing: the next tick finds the sequence below the census stored, and starts the epoch.
-    settled := s.settled;
-    history_floor := s.history_floor;
-    epoch := s.epoch;
+    -- Publish nothing: the next tick finds the sequence below the census stored, and moves it forward.
     return;
   end if;
   select min(least(d, l)) into lowest_bound from unnest(b.draw_bounds, b.late_bounds) u (d, l);
   settled := greatest(s.settled, least(b.mark, b.drawn, lowest_bound));
+  -- Over the run of visible ids just above it: nothing to wait for there.
+  if exists (select 1 from events e where e.event_id = settled + 1) then
+    select e.event_id into reached from events e
+      where e.event_id > settled and e.event_id <= settled + walk
+        and not exists (select 1 from events n where n.event_id = e.event_id + 1)
+      order by e.event_id limit 1;
+    settled := coalesce(reached, settled + walk);
+  end if;
 
   update event_log_state set
     settled = events_keep_order.settled, settled_at = clock_timestamp(),
@@ -241,11 +280,33 @@ begin
     waiting_pid = case when lowest_bound < b.drawn then b.waiting_pid end,
     waiting_transaction = case when lowest_bound < b.drawn then b.waiting_transaction end,
     prepared_writers = b.prepared,
-    timeline = coalesce(current_timeline, s.timeline),
-    epoch = s.epoch, epoch_base = s.epoch_base, reissued = s.reissued, rewind_pending = false,
-    sequence_file = (select c.relfilenode from pg_class c where c.oid = 'events_event_id_seq'::regclass),
-    history_floor = s.history_floor,
+    timeline = coalesce(events_timeline(), s.timeline), forks = s.forks,
+    epoch = s.epoch, epoch_base = s.epoch_base, reissued = s.reissued,
+    keeper_until = case when events_keep_order.keeper is null then event_log_state.keeper_until else clock_timestamp() + lease_ms * interval '1 millisecond' end,
     clock_value = drawn_before_xid, clock_xid = pg_current_xact_id(), clock_at = clock_timestamp()
-  returning event_log_state.history_floor, event_log_state.epoch into history_floor, epoch;
+  returning event_log_state.epoch into epoch;
 end
 $$;
+revoke execute on function events_keep_order(integer, text, bigint, integer) from public;
+
+-- The keeper's lease, to `keeper` with a new term, when it is free, has expired, or is already its own; null when another holds it.
+create or replace function events_take_lease(keeper text, lease_ms integer, out term bigint)
+language plpgsql volatile security definer set search_path from current as $$
+begin
+  update event_log_state s set keeper = events_take_lease.keeper, keeper_term = s.keeper_term + 1,
+    keeper_until = clock_timestamp() + lease_ms * interval '1 millisecond'
+  where s.keeper is null or s.keeper_until < clock_timestamp() or s.keeper = events_take_lease.keeper
+  returning s.keeper_term into term;
+end
+$$;
+revoke execute on function events_take_lease(text, integer) from public;
+
+-- Gives the lease up (a keeper that stops): another replica takes it at once.
+create or replace function events_release_lease(keeper text, term bigint) returns void
+language plpgsql volatile security definer set search_path from current as $$
+begin
+  update event_log_state s set keeper_until = clock_timestamp() - interval '1 millisecond'
+  where s.keeper = events_release_lease.keeper and s.keeper_term = events_release_lease.term;
+end
+$$;
+revoke execute on function events_release_lease(text, bigint) from public;

@@ -15,7 +15,7 @@
 -- search_path is set and undone at every call, which cost a read more than
 -- the rest of its position).
 --
--- events_settled(known): the settled position of the CALLING statement's
+-- events_settled(known, max_ids): the settled position of the CALLING statement's
 -- snapshot. Every id at or below it is visible to that snapshot or will
 -- never commit, so a read of the events up to it skips nothing that
 -- commits later. It starts from the highest of:
@@ -31,9 +31,10 @@
 -- id below it visible is settled by the next read, however long the run
 -- (a burst of thousands of events in one transaction). The walk finds the
 -- first visible id whose successor is not visible, by index, one probe per
--- id of the run, and stops after 1,000,000 ids a statement, so that no
--- statement grows with a history nothing settled (a log bulk-loaded while
--- no service ran). It looks at the events only when the id sequence has
+-- id of the run, and stops after max_ids ids (1,000,000 by default), so
+-- that no statement grows with a history nothing settled (a log
+-- bulk-loaded while no service ran; a replica that starts walks it in
+-- steps of 100,000, events/hub.ts). It looks at the events only when the id sequence has
 -- drawn above the position (events_id_drawn): an id visible to the
 -- statement's snapshot was drawn, or set for an explicit id, before its
 -- transaction committed, so before this read of the sequence; with nothing
@@ -66,7 +67,7 @@ create or replace view events_id_drawn as
   select case when pg_is_in_recovery() then null when s.is_called then s.last_value else s.last_value - 1 end as drawn
   from events_event_id_seq s;
 
-create or replace function events_settled(known bigint) returns bigint
+create or replace function events_settled(known bigint, max_ids integer default 1000000) returns bigint
 language plpgsql stable as $$
 declare
   p bigint;
@@ -78,10 +79,10 @@ begin
     null;
   elsif exists (select 1 from events e where e.event_id = p + 1) then
     select e.event_id into reached from events e
-      where e.event_id > p and e.event_id <= p + 1000000
+      where e.event_id > p and e.event_id <= p + max_ids
         and not exists (select 1 from events n where n.event_id = e.event_id + 1)
       order by e.event_id limit 1;
-    p := coalesce(reached, p + 1000000);
+    p := coalesce(reached, p + max_ids);
   end if;
   return coalesce((select lower(r) - 1 from unnest(ranges) r where p <@ r), p);
 end

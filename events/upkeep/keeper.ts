@@ -1,6 +1,8 @@
 import type { FastifyBaseLogger } from 'fastify'
+import { randomUUID } from 'node:crypto'
+import { hostname } from 'node:os'
 import pg from 'pg'
-import { keepOrder, readHistoryFloor, tryLeadUpkeep, type OrderTick } from './order.js'
+import { holdsLease, keepOrder, readHistoryFloor, releaseLease, takeLease, type OrderTick } from './order.js'
 import { PartitionKeeper } from './partitions.js'
 
 export interface UpkeepOptions {
@@ -13,11 +15,19 @@ export interface UpkeepOptions {
 }
 
 /**
- * How long a replica that is not the keeper waits before asking again, and
- * a failed keeper before reconnecting: holes stay unsettled until a keeper
- * ticks again.
+ * How long a replica that is not the keeper waits before asking for the
+ * lease again, and a failed keeper before reconnecting: holes stay
+ * unsettled until a keeper ticks again.
  */
 const RETRY_MS = 1000
+
+/**
+ * The keeper's lease: three ticks and a second. Every tick renews it; a
+ * keeper that has not ticked for that long (frozen, cut off, its host gone)
+ * is replaced by the next replica that asks (within RETRY_MS more), and its
+ * own ticks publish nothing from then on.
+ */
+export const leaseMsFor = (clockIntervalMs: number) => 3 * clockIntervalMs + 1000
 /**
  * A reader that has waited this long on a hole asks for ticks (an id in
  * flight from writers committing out of order is usually gone by then);
@@ -41,18 +51,25 @@ const TICK_PAUSE_MS = 5
 export const PARTITION_LOCK_TIMEOUT_MS = 200
 
 /**
- * One replica at a time keeps the event log (the holder of a session-level
- * advisory lock): every clockIntervalMs it ticks (keepOrder: the settled
- * position every reader uses), and starts a pass over the partitions
- * (PartitionKeeper) unless one is still running. While a reader waits on a
- * hole (soon() until calm()), it ticks every SOON_TICK_MS, backing off from
- * a writer left open. Passes run on a second connection, so that
- * a long one (a partition's first scan) never holds a tick back. Another
- * replica takes over within RETRY_MS when the keeper's session ends.
+ * One replica at a time keeps the event log (the holder of the keeper's
+ * lease, db/sql/keeper.sql): every clockIntervalMs it ticks (keepOrder: the
+ * settled position every reader uses), which renews the lease, and starts a
+ * pass over the partitions (PartitionKeeper) unless one is still running.
+ * While a reader waits on a hole (soon() until calm()), it ticks every
+ * SOON_TICK_MS, backing off from a writer left open. Passes run on a second
+ * connection, so that a long one (a partition's first scan) never holds a
+ * tick back. The other replicas ask for the lease every RETRY_MS: they take
+ * over once the keeper stops (it gives the lease up) or its lease expires
+ * (leaseMsFor), and a keeper whose lease was taken publishes nothing more.
  */
 export class EventLogUpkeep {
   #client: pg.Client | undefined
   #partitionClient: pg.Client | undefined
+  /** This replica's name in the lease (event_log_state.keeper): its host and process, and a random part. */
+  readonly id = `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`
+  readonly leaseMs: number
+  /** The lease's term while this replica keeps the log. */
+  #term: number | undefined
   #pass: Promise<void> | undefined
   #timer: NodeJS.Timeout | undefined
   #stopped = false
@@ -82,7 +99,8 @@ export class EventLogUpkeep {
   readonly keeper: PartitionKeeper
 
   constructor (readonly options: UpkeepOptions) {
-    this.keeper = new PartitionKeeper({ retentionMs: options.retentionMs, lockTimeoutMs: PARTITION_LOCK_TIMEOUT_MS, log: options.log })
+    this.leaseMs = leaseMsFor(options.clockIntervalMs)
+    this.keeper = new PartitionKeeper({ retentionMs: options.retentionMs, lockTimeoutMs: PARTITION_LOCK_TIMEOUT_MS, settle: () => this.#settleForPass(), log: options.log })
   }
 
   get leading (): boolean {
@@ -138,6 +156,8 @@ export class EventLogUpkeep {
   async stop (): Promise<void> {
     this.#stopped = true
     clearTimeout(this.#timer)
+    // Another replica takes over at once, rather than when the lease expires.
+    if (this.#leading) await releaseLease(this.#client!, this.id, this.#term!).catch(() => {})
     await this.#disconnect()
     await this.#pass
   }
@@ -148,12 +168,14 @@ export class EventLogUpkeep {
     let delay = this.options.clockIntervalMs
     try {
       if (!this.#leading) {
-        this.#client ??= await this.#connect()
+        // A tick may not outlast the lease it renews.
+        this.#client ??= await this.#connect('ocp-api-upkeep', this.leaseMs)
         // Stopped while it connected: stop() had no connection to end yet.
         if (this.#stopped) return await this.#disconnect()
-        this.#leading = await tryLeadUpkeep(this.#client)
+        this.#term = await takeLease(this.#client, this.id, this.leaseMs)
+        this.#leading = this.#term !== undefined
         if (this.#leading) {
-          this.options.log.info({ retention: this.options.retentionMs === undefined ? 'none: every event is kept' : `${this.options.retentionMs / 1000} s` },
+          this.options.log.info({ keeper: this.id, term: this.#term, leaseMs: this.leaseMs, retention: this.options.retentionMs === undefined ? 'none: every event is kept' : `${this.options.retentionMs / 1000} s` },
             'this replica keeps the event log (its settled position, partitions)')
         } else {
           this.historyFloor = await readHistoryFloor(this.#client)
@@ -161,21 +183,18 @@ export class EventLogUpkeep {
         }
       }
       if (this.#leading) {
-        const tick = await keepOrder(this.#client!, this.#demanded ? TICK_PAUSE_MS : 0)
+        const published = this.published
+        const tick = await this.#tick(this.#demanded ? TICK_PAUSE_MS : 0)
+        if (!tick.leads) return this.#deposed()
         this.#lastTickAt = Date.now()
         // Ticks asked for keep the pace while they settle something new, or for the few a hole needs under
         // load (each bounds the writers the one before it saw); past that, a writer left open: back off.
         if (this.#demanded) {
-          if (tick.settled > this.published) this.onPublished?.()
-          this.#stale = tick.settled > this.published ? 0 : this.#stale + 1
+          if (tick.settled > published) this.onPublished?.()
+          this.#stale = tick.settled > published ? 0 : this.#stale + 1
           this.#soonGapMs = this.#stale < TICKS_A_HOLE_NEEDS ? SOON_TICK_MS : Math.min(this.#soonGapMs * 2, this.options.clockIntervalMs)
           delay = Math.min(delay, this.#soonGapMs)
         }
-        this.published = tick.settled
-        this.historyFloor = tick.historyFloor
-        this.epoch = tick.epoch
-        this.ticks++
-        if (tick.rewound !== null) this.#sayRewound(tick)
         if (Date.now() - this.#lastPassAt >= this.options.clockIntervalMs) {
           this.#lastPassAt = Date.now()
           this.#pass ??= this.#keepPartitions().finally(() => { this.#pass = undefined })
@@ -195,20 +214,57 @@ export class EventLogUpkeep {
     this.#schedule(Math.max(0, Math.min(delay, this.#askedAt - Date.now())))
   }
 
+  /**
+   * A tick under this replica's lease, on its own connection (pg runs one
+   * query at a time on it, so a pass's tick waits for the step's): what it
+   * published is recorded, and a change of history said in the log.
+   */
+  async #tick (pauseMs: number): Promise<OrderTick> {
+    const tick = await keepOrder(this.#client!, { pauseMs, keeper: this.id, term: this.#term!, leaseMs: this.leaseMs })
+    if (!tick.leads) return tick
+    this.published = tick.settled
+    this.historyFloor = tick.historyFloor
+    this.epoch = tick.epoch
+    this.ticks++
+    if (tick.rewound !== null) this.#sayRewound(tick)
+    return tick
+  }
+
+  /** The settled position fresh for a pass that has just closed a range: a tick of the keeper's, never one beside it. */
+  async #settleForPass (): Promise<number> {
+    if (this.#client === undefined || !this.#leading) throw new Error('this replica no longer keeps the event log')
+    const tick = await this.#tick(0)
+    if (!tick.leads) throw new Error('another replica keeps the event log now')
+    return tick.settled
+  }
+
+  /** Another replica took the lease (this one did not tick within it): it keeps the log now; this one asks again later. */
+  #deposed (): void {
+    this.options.log.warn({ keeper: this.id, term: this.#term, leaseMs: this.leaseMs },
+      'another replica keeps the event log now: this one did not renew its lease in time (stopped, or cut off from the database)')
+    this.#leading = false
+    this.#term = undefined
+    this.#stepping = false
+    this.#schedule(RETRY_MS)
+  }
+
   #sayRewound (tick: OrderTick): void {
-    if (tick.rewound === 'failover') {
-      this.options.log.warn({ epoch: tick.epoch, settled: tick.settled },
-        'the database is on a new WAL timeline (a standby was promoted): ids above the last settled position it had may have been handed out by the old primary, so the event sequence jumped past them; clients holding a cursor in between are answered 410 and refetch')
-    } else {
-      this.options.log.error({ epoch: tick.epoch },
-        'events_event_id_seq moved backwards (TRUNCATE ... RESTART IDENTITY, or setval): event ids will be handed out again, so every stream was ended and clients holding an older cursor may skip events; do not rewind the sequence while clients are connected')
+    if (tick.rewound === 'sequence') {
+      this.options.log.error({ settled: tick.settled },
+        'events_event_id_seq was moved back (setval, or ALTER SEQUENCE ... RESTART): the event log moved it forward again, since an event id is never handed out twice; do not move it back')
+      return
     }
+    const what = tick.rewound === 'failover' ? 'the database is on a new WAL timeline (a standby was promoted)' : 'the database restarted after a crash'
+    this.options.log.warn({ epoch: tick.epoch, settled: tick.settled },
+      `${what}: commits that readers saw before may be gone, so the event sequence jumped past every id handed out before; clients holding a cursor in between are answered 410 and refetch, every other event is delivered as before`)
   }
 
   /** One pass over the partitions; a failure is logged (once until a pass succeeds) and the next tick tries again. */
   async #keepPartitions (): Promise<void> {
     try {
       this.#partitionClient ??= await this.#connect('ocp-api-upkeep-partitions')
+      // A keeper whose lease another replica took makes no pass (it learns so at its next tick).
+      if (!await holdsLease(this.#partitionClient, this.id, this.#term!)) return
       await this.keeper.keep(this.#partitionClient)
       this.passes++
       if (this.#passFailing) this.options.log.info('event log partitions: upkeep recovered')
@@ -222,8 +278,8 @@ export class EventLogUpkeep {
     }
   }
 
-  async #connect (applicationName = 'ocp-api-upkeep'): Promise<pg.Client> {
-    const client = new pg.Client({ connectionString: this.options.url, application_name: applicationName })
+  async #connect (applicationName: string, statementTimeoutMs?: number): Promise<pg.Client> {
+    const client = new pg.Client({ connectionString: this.options.url, application_name: applicationName, statement_timeout: statementTimeoutMs })
     // A dropped connection fails the next statement; this only keeps the process up.
     client.on('error', () => {})
     await client.connect()
@@ -235,6 +291,7 @@ export class EventLogUpkeep {
     this.#client = undefined
     this.#partitionClient = undefined
     this.#leading = false
+    this.#term = undefined
     await Promise.all(clients.map((client) => client?.end().catch(() => {})))
   }
 }

@@ -3,17 +3,26 @@ import type pg from 'pg'
 /*
  * The event log's upkeep, on a connection that may write (never the request
  * pool): the settled position every reader relies on, and the partitions
- * that bound the history (partitions.ts). Run by
- * one replica at a time: the holder of UPKEEP_LOCK.
+ * that bound the history (partitions.ts). Run by one replica at a time: the
+ * holder of the keeper's lease (events_take_lease, db/sql/keeper.sql).
  */
 
-/** Session-level advisory lock held by the replica that keeps the event log. */
-export const UPKEEP_LOCK = 7_061_737_470_931_417_002n
+/** The lease, to `keeper`, with a new term, if it is free or has expired; undefined while another replica holds it. */
+export async function takeLease (client: pg.ClientBase, keeper: string, leaseMs: number): Promise<number | undefined> {
+  const { rows: [row] } = await client.query<{ term: string | null }>('select term::text from events_take_lease($1, $2)', [keeper, leaseMs])
+  return row!.term === null ? undefined : Number(row!.term)
+}
 
-/** True when this session now holds the upkeep lock (it keeps it until the session ends). */
-export async function tryLeadUpkeep (client: pg.ClientBase): Promise<boolean> {
-  const { rows: [row] } = await client.query<{ leads: boolean }>('select pg_try_advisory_lock($1::bigint) as leads', [UPKEEP_LOCK.toString()])
-  return row!.leads
+/** Gives the lease up (a keeper that stops), so that another replica takes it at once. */
+export async function releaseLease (client: pg.ClientBase, keeper: string, term: number): Promise<void> {
+  await client.query('select events_release_lease($1, $2)', [keeper, term])
+}
+
+/** Whether `keeper` still holds the lease under `term` (a pass of the partitions runs only then). */
+export async function holdsLease (client: pg.ClientBase, keeper: string, term: number): Promise<boolean> {
+  const { rows: [row] } = await client.query<{ holds: boolean }>(
+    'select keeper = $1 and keeper_term = $2 and keeper_until > clock_timestamp() as holds from event_log_state', [keeper, term])
+  return row!.holds === true
 }
 
 /** The history's floor: every event at or below it may be gone (EVENTS_RETENTION). */
@@ -22,25 +31,42 @@ export async function readHistoryFloor (client: pg.ClientBase): Promise<number> 
   return Number(row!.floor)
 }
 
+/**
+ * How the history changed under the log at this tick: a standby promoted
+ * ('failover'), a server that restarted through recovery ('restart'; either
+ * way a new epoch, ids skipped), or a sequence moved back ('sequence',
+ * moved forward again).
+ */
+export type Rewind = 'failover' | 'restart' | 'sequence'
+
 /** What one tick of the keeper found. */
 export interface OrderTick {
+  /** False when this keeper no longer holds the lease: it published nothing. */
+  leads: boolean
   /** The settled position it published. */
   settled: number
   historyFloor: number
   epoch: number
-  /** Set when this tick started a new epoch: a failover (a new WAL timeline), or the sequence moved back. */
-  rewound: 'failover' | 'sequence' | null
+  rewound: Rewind | null
+}
+
+export interface TickOptions {
+  /** How long it pauses before each later census, to settle a hole in one tick under load. */
+  pauseMs: number
+  /** The lease it ticks under, renewed for leaseMs. */
+  keeper: string
+  term: number
+  leaseMs: number
 }
 
 /**
- * One tick (events_keep_order, db/sql/): a census of the event
+ * One tick (events_keep_order, db/sql/keeper.sql): a census of the event
  * writers in flight, the settle mark raised, and the settled position
- * published, committed to disk in one statement. With `pauseMs`, it pauses
- * that long before each later census, to settle a hole in one tick under
- * load.
+ * published, committed to disk in one statement, under the lease.
  */
-export async function keepOrder (client: pg.ClientBase, pauseMs = 0): Promise<OrderTick> {
-  const { rows: [row] } = await client.query<{ settled: string, history_floor: string, epoch: number, rewound: OrderTick['rewound'] }>(
-    'select settled::text, history_floor::text, epoch, rewound from events_keep_order(pause_ms => $1)', [pauseMs])
-  return { settled: Number(row!.settled), historyFloor: Number(row!.history_floor), epoch: row!.epoch, rewound: row!.rewound }
+export async function keepOrder (client: pg.ClientBase, { pauseMs, keeper, term, leaseMs }: TickOptions): Promise<OrderTick> {
+  const { rows: [row] } = await client.query<{ leads: boolean, settled: string, history_floor: string, epoch: number, rewound: Rewind | null }>(
+    'select leads, settled::text, history_floor::text, epoch, rewound from events_keep_order(pause_ms => $1, keeper => $2, term => $3, lease_ms => $4)',
+    [pauseMs, keeper, term, leaseMs])
+  return { leads: row!.leads, settled: Number(row!.settled), historyFloor: Number(row!.history_floor), epoch: row!.epoch, rewound: row!.rewound }
 }

@@ -1,6 +1,5 @@
 import type pg from 'pg'
 import { partitionName } from '../../db/migrations/0004_events_partitioned_by_id.js'
-import { keepOrder } from './order.js'
 
 /*
  * The partitions of the events table (ranges of event ids) and the history they
@@ -53,6 +52,13 @@ const MOST_PER_PASS = 4
 const SPAN_WITHOUT_RETENTION_MS = 86_400_000
 /** The sequence's rate is measured over this window, by default. */
 const RATE_WINDOW_MS = 600_000
+/**
+ * How long a transaction of a pass may sit idle between its statements: one
+ * that holds the events table's lock (a DETACH) while its process is frozen
+ * is ended by the server after this, rather than holding every writer up
+ * until the process wakes.
+ */
+export const PASS_IDLE_MS = 2000
 
 const quoteId = (name: string) => `"${name.replaceAll('"', '""')}"`
 
@@ -99,6 +105,7 @@ async function inTransaction<T> (client: pg.ClientBase, lockTimeoutMs: number, w
   try {
     // SET LOCAL: the embedded database shares one session between connections.
     await client.query(`set local lock_timeout = ${Math.round(lockTimeoutMs)}`)
+    await client.query(`set local idle_in_transaction_session_timeout = ${PASS_IDLE_MS}`)
     const result = await work()
     await client.query('commit')
     return result
@@ -238,15 +245,6 @@ async function firstCreatedAt (client: pg.ClientBase, partition: string): Promis
   return row === undefined ? null : Number(row.ms)
 }
 
-/**
- * The settled position, freshly published (a tick of the keeper, migration
- * 0009, which may follow a range just closed): no id at or below it can
- * still commit, nor be inserted later.
- */
-async function settledBound (client: pg.ClientBase): Promise<number> {
-  return (await keepOrder(client)).settled
-}
-
 export interface KeeperOptions {
   /** Undefined: keep every event. */
   retentionMs: number | undefined
@@ -254,6 +252,13 @@ export interface KeeperOptions {
   lockTimeoutMs: number
   /** The window over which the sequence's rate is measured (10 minutes by default). */
   rateWindowMs?: number
+  /**
+   * The settled position, freshly published (no id at or below it can still
+   * commit, nor be inserted later), which may follow a range just closed: a
+   * tick of the keeper's, on its own connection (never one beside it); it is
+   * handed the pass's.
+   */
+  settle: (client: pg.ClientBase) => Promise<number>
   log: KeeperLog
 }
 
@@ -381,7 +386,7 @@ export class PartitionKeeper {
   }
 
   async #dropExpired (client: pg.ClientBase, partitions: EventPartitions, cutoffMs: number, retentionMs: number): Promise<void> {
-    const settled = await settledBound(client)
+    const settled = await this.options.settle(client)
     let below = Infinity
     let dropped = 0
     for (const range of partitions.ranges) {

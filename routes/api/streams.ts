@@ -1,7 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyReply, FastifyRequest, RouteHandlerMethod } from 'fastify'
 import { Type, type Static } from 'typebox'
-import { ApiError, CursorBeyondError, invalidParameter, notFound, offsetBeyond } from '../../errors.js'
+import { ApiError, CursorBeyondError, CursorLostError, invalidParameter, notFound, offsetBeyond } from '../../errors.js'
 import { durableSseFormat, encodeOffset, nextStreamCursor, parseOffset, parseStreamCursor, streamSubjectExists, type EventFilter, type StoredEvent, type StreamOffset, type StreamPage } from '../../events/index.js'
 import type { StreamScope } from '../../plugins/app/auth/stream-tokens.js'
 import { NO_STORE } from '../../plugins/app/http-cache.js'
@@ -46,7 +46,7 @@ const streamErrors = {
   ...commonErrors,
   400: errorResponse('`bad_request`: a malformed parameter or URL, or an offset beyond the last one ever handed out'),
   404: errorResponse('`not_found`: no such run or thread'),
-  410: errorResponse('`cursor_expired`: the offset is older than the event history kept (EVENTS_RETENTION); read again from offset=-1')
+  410: errorResponse('`cursor_expired`: the offset is older than the event history kept (EVENTS_RETENTION), or may name an event the database lost in a failover or a crash; read again from offset=-1')
 }
 
 const readResponses = {
@@ -108,6 +108,9 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
 
   /** The protocol says `offset`, written as offsets are, and to start again from -1: the 410 and the 400 say so, not the event stream's advice. */
   function renameCursorErrors (err: unknown): never {
+    if (err instanceof CursorLostError) {
+      throw new ApiError('cursor_expired', 'offset may name an event the database lost in a failover or a crash (no event of it lies between that offset and the next one handed out): read again from offset=-1')
+    }
     if (err instanceof ApiError && err.code === 'cursor_expired') {
       throw new ApiError('cursor_expired', 'offset is older than the event history kept (events before it are gone, EVENTS_RETENTION): read again from offset=-1')
     }
