@@ -108,3 +108,125 @@ t.test('after a failover that lost commits, a cursor the new primary never saw a
     t.same(stream.events().map((event) => event.event_id), after, `${name}: the new primary's events, once each, in order`)
   }
 })
+
+/** Reads a Durable Streams log from -1 to up-to-date, page after page: every event, and how many reads it took. */
+async function readDurable (base: string, path: string): Promise<{ ids: number[], reads: number, statuses: number[] }> {
+  const ids: number[] = []
+  const statuses: number[] = []
+  let offset = '-1'
+  for (let reads = 1; reads <= 50; reads++) {
+    const response = await fetch(`${base}${path}?offset=${offset}`)
+    statuses.push(response.status)
+    if (response.status !== 200) return { ids, reads, statuses }
+    ids.push(...(await response.json() as Array<{ event_id: number }>).map((event) => event.event_id))
+    offset = response.headers.get('stream-next-offset')!
+    if (response.headers.get('stream-up-to-date') === 'true') return { ids, reads, statuses }
+  }
+  throw new Error(`not up to date after 50 reads: ${ids.length} events`)
+}
+
+t.test('a promotion that lost nothing ends no stream and refuses no cursor', { skip: standbySkipReason() }, async (t) => {
+  const pg15 = await startReplicatedPostgres(t)
+  await pg15.createDatabase('ocp_lossless')
+  const [primaryPort, standbyPort] = [pg15.primaryUrl, pg15.standbyUrl].map((url) => Number(new URL(url).port))
+  const primary = withDatabase(pg15.primaryUrl, 'ocp_lossless')
+  const standby = withDatabase(pg15.standbyUrl, 'ocp_lossless')
+  await migrateToLatest(primary)
+  await queryOn(primary, `insert into runs (run_id, goal, summary, status) values ('run-f', 'g', 's', 'running')`)
+  const readAddress = await movableAddress(t, primaryPort!)
+  const upkeepAddress = await movableAddress(t, primaryPort!)
+  const at = (address: { port: number }) => primary.replace(`:${primaryPort}/`, `:${address.port}/`)
+  const replica = await serve(t, at(upkeepAddress), at(readAddress))
+
+  const before = await insert(primary, 5, 'before')
+  const stream = await openStream(replica.url, '/api/events/stream?run_id=run-f&after_event_id=0')
+  t.teardown(stream.close)
+  await stream.waitFor((s) => s.events().length >= 5, 15_000)
+  // Everything the primary wrote reaches the standby before it goes.
+  await pg15.waitForReplay()
+  pg15.crashPrimary()
+  await pg15.promoteStandby()
+  readAddress.moveTo(standbyPort!)
+  upkeepAddress.moveTo(standbyPort!)
+
+  const after = await insert(standby, 3, 'after')
+  t.ok(after[0]! > before.at(-1)!, 'the new primary\'s ids are above every one the old primary handed out')
+  await stream.waitFor((s) => s.events().length >= 8, 15_000)
+  await new Promise((resolve) => setTimeout(resolve, 200))
+  let ended = false
+  void stream.ended.then(() => { ended = true })
+  t.notOk(ended, 'the open stream never ended')
+  t.same(stream.events().map((event) => event.event_id), [...before, ...after], 'and got every event, once, in order')
+  const resumed = await openStream(replica.url, '/api/events/stream?run_id=run-f', { 'last-event-id': String(before.at(-1)) })
+  t.teardown(resumed.close)
+  t.equal(resumed.status, 200, 'a cursor of the old primary is served')
+  await resumed.waitFor((s) => s.events().length >= 3, 15_000)
+  t.same(resumed.events().map((event) => event.event_id), after)
+  const durable = await readDurable(replica.url, '/api/streams/runs/run-f')
+  t.same(durable.ids, [...before, ...after], 'a Durable Streams reader from -1 reads everything')
+  t.equal((await fetch(`${replica.url}/api/events?after_event_id=${before.at(-1)}`)).status, 200, 'no cursor is refused')
+})
+
+t.test('after a failover, every event the new primary holds is delivered once: the survivors above the position it had published, and what was written on it before the service reached it', { skip: standbySkipReason() }, async (t) => {
+  const pg15 = await startReplicatedPostgres(t)
+  await pg15.createDatabase('ocp_survivors')
+  const [primaryPort, standbyPort] = [pg15.primaryUrl, pg15.standbyUrl].map((url) => Number(new URL(url).port))
+  const primary = withDatabase(pg15.primaryUrl, 'ocp_survivors')
+  const standby = withDatabase(pg15.standbyUrl, 'ocp_survivors')
+  await migrateToLatest(primary)
+  await queryOn(primary, `insert into runs (run_id, goal, summary, status) values ('run-f', 'g', 's', 'running')`)
+  const readAddress = await movableAddress(t, primaryPort!)
+  const upkeepAddress = await movableAddress(t, primaryPort!)
+  const at = (address: { port: number }) => primary.replace(`:${primaryPort}/`, `:${address.port}/`)
+  const replica = await serve(t, at(upkeepAddress), at(readAddress))
+
+  const settledFirst = await insert(primary, 3, 'settled')
+  await waitUntil(async () => Number((await fetch(`${replica.url}/api/runs`)).headers.get('x-event-cursor')) >= settledFirst.at(-1)!, 'the primary to settle them')
+  // The keeper is held off (its row locked): what commits now is delivered, and replicated, above the position it published.
+  const holder = new pg.Client({ connectionString: primary })
+  holder.on('error', () => {})
+  await holder.connect()
+  await holder.query('begin')
+  await holder.query('select 1 from event_log_state for update')
+  const survivors = await insert(primary, 3, 'survivor')
+  await pg15.waitForReplay()
+  t.ok(Number((await queryOn(standby, 'select settled from event_log_state'))[0]!.settled) < survivors[0]!, 'the standby has the survivors, above the position it has published')
+  await pg15.detachStandby()
+  const watcher = await openStream(replica.url, `/api/events/stream?run_id=run-f&after_event_id=${settledFirst.at(-1)}`)
+  t.teardown(watcher.close)
+  const lost = await insert(primary, 3, 'lost')
+  await watcher.waitFor((s) => s.events().length >= 6, 15_000)
+  const lostOffset = (await fetch(`${replica.url}/api/streams/runs/run-f?offset=-1`)).headers.get('stream-next-offset')!
+
+  pg15.crashPrimary()
+  await pg15.promoteStandby()
+  // The orchestrator writes on the new primary before the service reaches it: more than a page of events.
+  const early = await insert(standby, 1200, 'early')
+  t.ok(early[0]! > lost.at(-1)!, `ids written before the service reached the new primary (${early[0]}...) are above every id the old one handed out (${lost.at(-1)})`)
+  readAddress.moveTo(standbyPort!)
+  upkeepAddress.moveTo(standbyPort!)
+  await watcher.ended
+  t.pass('the stream that delivered lost events ends')
+  const late = await insert(standby, 3, 'late')
+
+  const table = [...settledFirst, ...survivors, ...early, ...late]
+  for (const [name, path, headers, expected] of [
+    ['a stream resumed from a survivor', '/api/events/stream?run_id=run-f', { 'last-event-id': String(survivors.at(-1)) }, [...early, ...late]],
+    ['a stream resumed from below the survivors', '/api/events/stream?run_id=run-f', { 'last-event-id': String(settledFirst.at(-1)) }, [...survivors, ...early, ...late]],
+    ['a fresh stream', '/api/events/stream?run_id=run-f&after_event_id=0', {}, table]
+  ] as const) {
+    const stream = await openStream(replica.url, path, headers)
+    t.teardown(stream.close)
+    t.equal(stream.status, 200, `${name}: served`)
+    await stream.waitFor((s) => s.events().length >= expected.length, 15_000)
+    await new Promise((resolve) => setTimeout(resolve, 200))
+    t.same(stream.events().map((event) => event.event_id), expected, `${name}: every event, once each, in order`)
+  }
+  const lostStream = await openStream(replica.url, '/api/events/stream?run_id=run-f', { 'last-event-id': String(lost.at(-1)) })
+  t.equal(lostStream.status, 410, 'a cursor of a lost event: 410')
+  const durable = await readDurable(replica.url, '/api/streams/runs/run-f')
+  t.same({ ids: durable.ids, statuses: [...new Set(durable.statuses)] }, { ids: table, statuses: [200] }, `a Durable Streams reader from -1 reads every event, in ${durable.reads} pages, and is never told to start again`)
+  const stale = await fetch(`${replica.url}/api/streams/runs/run-f?offset=${lostOffset}`)
+  t.match({ status: stale.status, body: await stale.json() }, { status: 410, body: { error: { code: 'cursor_expired', message: /failover or a crash.*offset=-1/ } } },
+    'the offset the old primary handed out: 410, naming the failover, and -1 is a way back')
+})
