@@ -244,6 +244,10 @@ export class EventLogUpkeep {
       'another replica keeps the event log now: this one did not renew its lease in time (stopped, or cut off from the database)')
     this.#leading = false
     this.#term = undefined
+    // The partitions' connection is the keeper's alone: a follower holds none open.
+    const partitionClient = this.#partitionClient
+    this.#partitionClient = undefined
+    void partitionClient?.end().catch(() => {})
     this.#stepping = false
     this.#schedule(RETRY_MS)
   }
