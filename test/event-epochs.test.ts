@@ -71,7 +71,7 @@ t.test('ALTER SEQUENCE that keeps the value (CACHE 1, the setting writers need) 
   t.same(stream.events().map((event) => event.event_id), [...before, ...after], 'the stream receives them, once, in order')
   await waitUntil(async () => Number((await stateOf(client)).settled) >= after[0]!, 'a tick past them')
   t.equal((await stateOf(client)).epoch, epoch, 'no new epoch')
-  t.notOk(lines.some((line) => line.level >= 40), 'and nothing to warn about')
+  t.same(lines.filter((line) => line.level >= 40).map((line) => line.msg), [], 'and nothing to warn about')
 })
 
 t.test('a sequence moved back goes forward again: ids never repeat, no stream ends, no cursor is refused', async (t) => {
@@ -85,10 +85,15 @@ t.test('a sequence moved back goes forward again: ids never repeat, no stream en
   await waitUntil(async () => Number((await stateOf(client)).settled) >= last, 'a tick past them')
   const { epoch } = await stateOf(client)
 
-  // Below the settle mark (ALTER SEQUENCE ... RESTART): the next INSERT statement moves it forward before it draws.
-  await client.query('alter sequence events_event_id_seq restart with 1')
+  // Below the settle mark, onto ids the table no longer holds (ALTER SEQUENCE ... RESTART after a DELETE): the first row
+  // that draws there is refused, as a transaction to retry, and moves it forward. (Onto ids it holds, the insert meets
+  // their primary key until the keeper's next tick moves it forward: below.)
+  await client.query('delete from events where event_id = $1', [before[0]])
+  await client.query(`alter sequence events_event_id_seq restart with ${before[0]}`)
+  await t.rejects(insertEvents({ event_type: 'after restart' }), { code: '40001', message: /had been moved back .* moved forward again/ },
+    'the insert that drew an id the log had settled fails, as a transaction to retry')
   const [restarted] = await insertEvents({ event_type: 'after restart' })
-  t.ok(restarted! > last, `the insert after ALTER SEQUENCE ... RESTART draws above every id handed out (${restarted} > ${last})`)
+  t.ok(restarted! > last, `retried, it draws above every id handed out (${restarted} > ${last})`)
 
   // Without an insert, the keeper's next tick moves it forward, and says so.
   await client.query('select setval(\'events_event_id_seq\', 1)')

@@ -66,8 +66,7 @@ export async function up (db: Kysely<any>): Promise<void> {
     create or replace function events_ids_unsafe() returns boolean
     language plpgsql volatile as $$
     begin
-      return pg_sequence_last_value('events_ids_safe') is null
-        or coalesce(pg_sequence_last_value('events_event_id_seq'), 0) < pg_sequence_last_value('events_settle_mark');
+      return pg_sequence_last_value('events_ids_safe') is null;
     end
     $$`.execute(db)
   await sql`
@@ -170,13 +169,21 @@ export async function up (db: Kysely<any>): Promise<void> {
     update event_log_state set timeline = coalesce(timeline, events_timeline())`.execute(db)
   await sql`
     create or replace function events_explicit_id() returns trigger
-    language plpgsql as $$
+    language plpgsql security definer set search_path from current as $$
     declare
       mark bigint := pg_sequence_last_value('events_settle_mark');
       drawn bigint := coalesce(pg_sequence_last_value('events_event_id_seq'), 0);
     begin
       if new.event_id > drawn then
         perform setval('events_event_id_seq', new.event_id);
+      elsif new.event_id <= mark and drawn < mark then
+        -- The sequence was moved back below ids the log has settled (forks.sql): forward again, and the writer retries.
+        perform events_make_ids_safe();
+        raise exception using
+          errcode = 'serialization_failure',
+          table = 'events', column = 'event_id', constraint = 'events_event_id_drawn_by_its_writer',
+          message = format('event_id %s cannot be inserted: events_event_id_seq had been moved back below ids the event log has settled (%s), and has been moved forward again', new.event_id, mark),
+          hint = 'Retry the transaction: its ids are drawn above them now. Event ids are never handed out twice; do not move the sequence back.';
       elsif new.event_id <= mark then
         raise exception using
           errcode = 'check_violation',

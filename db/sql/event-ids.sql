@@ -16,7 +16,9 @@
 -- - An explicit id above the sequence (a fixture on an empty log) is kept,
 --   and the sequence is moved past it, so later ids stay above it.
 -- - An id at or below the settle mark is refused (check_violation, naming
---   event_id and the constraint events_event_id_drawn_by_its_writer). The
+--   event_id and the constraint events_event_id_drawn_by_its_writer; a
+--   serialization_failure to retry when the sequence had been moved back
+--   below the mark, which it moves forward again: forks.sql). The
 --   event log has settled it, as delivered or as a hole, and streams have
 --   moved past it: inserted now, the event would never reach them. Such an
 --   id was drawn by another transaction (pooled or hi/lo ids) or left
@@ -85,13 +87,21 @@ end
 $$;
 
 create or replace function events_explicit_id() returns trigger
-language plpgsql as $$
+language plpgsql security definer set search_path from current as $$
 declare
   mark bigint := pg_sequence_last_value('events_settle_mark');
   drawn bigint := coalesce(pg_sequence_last_value('events_event_id_seq'), 0);
 begin
   if new.event_id > drawn then
     perform setval('events_event_id_seq', new.event_id);
+  elsif new.event_id <= mark and drawn < mark then
+    -- The sequence was moved back below ids the log has settled (forks.sql): forward again, and the writer retries.
+    perform events_make_ids_safe();
+    raise exception using
+      errcode = 'serialization_failure',
+      table = 'events', column = 'event_id', constraint = 'events_event_id_drawn_by_its_writer',
+      message = format('event_id %s cannot be inserted: events_event_id_seq had been moved back below ids the event log has settled (%s), and has been moved forward again', new.event_id, mark),
+      hint = 'Retry the transaction: its ids are drawn above them now. Event ids are never handed out twice; do not move the sequence back.';
   elsif new.event_id <= mark then
     raise exception using
       errcode = 'check_violation',

@@ -13,9 +13,8 @@
 -- one that recovered from a crash, and a standby promoted (a clean
 -- restart keeps it: nothing was lost). The first INSERT statement on such
 -- a server (the BEFORE STATEMENT trigger events_ids_safe, whose WHEN
--- clause reads it and two other sequences), or the keeper's next tick,
--- whichever comes first, calls events_make_ids_safe() before any of its
--- rows draws an id.
+-- clause reads it), or the keeper's next tick, whichever comes first,
+-- calls events_make_ids_safe() before any of its rows draws an id.
 --
 -- It forks the ids: the ids above S, the highest event id that survived
 -- (or the settled position, if higher), may have been handed out by the
@@ -37,8 +36,9 @@
 -- refused, and none skips.
 --
 -- A sequence moved back (setval, ALTER SEQUENCE ... RESTART) would hand
--- out ids that streams have passed: the next INSERT statement (when it is
--- below the settle mark) or the next tick (when it is below the last
+-- out ids that streams have passed: the first row that draws one at or
+-- below the settle mark (its insert then fails with serialization_failure,
+-- to be retried) or the keeper's next tick (when it is below the last
 -- census) moves it forward again, above every id the keeper has seen drawn
 -- and every event the table holds, and says so (the server's log; the
 -- keeper's, as an error, when its tick does it). A TRUNCATE removes
@@ -47,10 +47,11 @@
 -- memory of recent events, and RESTART IDENTITY is undone (the sequence
 -- goes on from where it was, read before the truncation).
 --
--- The two triggers cost a writer one PL/pgSQL call per INSERT statement
--- (the WHEN clause; a clause written out would be prepared again at each
--- statement). They fire for inserts through events, as writers make them;
--- one straight into a partition, or with triggers off, is not fenced.
+-- The statement trigger costs a writer one PL/pgSQL call per INSERT
+-- statement (its WHEN clause; a clause written out would be prepared again
+-- at each statement), about 0.6 µs of the server's time. It fires for
+-- inserts through events, as writers make them; one straight into a
+-- partition, or with triggers off, is not fenced.
 --
 -- Security definer (its search_path fixed, as keeper.sql says), and not
 -- executable by public but through the triggers: whoever may write events
@@ -67,12 +68,11 @@ create sequence events_fork_from as bigint minvalue 0 start 0 cache 1;
 create sequence events_fork_to as bigint minvalue 0 start 0 cache 1;
 grant select on sequence events_ids_safe, events_forks, events_fork_from, events_fork_to to public;
 
--- True when the ids must be made safe before a row draws one: a server that may have lost commits, or a sequence below the settle mark.
+-- True when the ids must be made safe before a row draws one: on a server that may have lost commits.
 create or replace function events_ids_unsafe() returns boolean
 language plpgsql volatile as $$
 begin
-  return pg_sequence_last_value('events_ids_safe') is null
-    or coalesce(pg_sequence_last_value('events_event_id_seq'), 0) < pg_sequence_last_value('events_settle_mark');
+  return pg_sequence_last_value('events_ids_safe') is null;
 end
 $$;
 
