@@ -144,6 +144,8 @@ t.test('a crash that loses commits streams saw: their ids are never handed out a
   const lost = await insert(admin, 'lost')
   await watcher.waitFor((s) => s.events().length >= 3)
   t.same(watcher.events().map((event) => event.event_id), lost, 'a stream delivered commits that are not on disk yet')
+  // A Durable Streams long-poll waiting after them.
+  const longPoll = fetch(`${url}/api/streams/events?offset=${lost.at(-1)!.toString(36).padStart(11, '0')}&live=long-poll`)
   await admin.end()
 
   process.kill(walwriter.pid, 'SIGKILL')
@@ -163,6 +165,9 @@ t.test('a crash that loses commits streams saw: their ids are never handed out a
 
   await watcher.ended
   t.pass('the stream that delivered them ends (its client reconnects)')
+  const polled = await longPoll
+  t.equal(polled.status, 204, 'a long-poll waiting after them answers, with nothing')
+  t.ok(parseInt(polled.headers.get('stream-next-offset')!, 36) <= kept.at(-1)!, 'and the offset to go on from is one that survived')
   const after = await insert(writer!, 'after_crash')
   t.ok(after[0]! > lost.at(-1)!, `the ids after the crash (${after[0]}...) are above every id the lost commits had: none is handed out again`)
   const resumed = await openStream(url, '/api/events/stream', { 'last-event-id': String(lost.at(-1)) })

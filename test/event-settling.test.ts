@@ -203,6 +203,32 @@ t.test('the upkeep that publishes the settled position survives a failing databa
   t.pass('it ticks again')
 })
 
+t.test('a keeper whose lease another replica took publishes nothing, says so, follows, and takes it back once free', async (t) => {
+  const lines: Array<{ msg: string }> = []
+  const log = pino({ level: 'info' }, { write: (line: string) => { lines.push(JSON.parse(line)) } })
+  const admin = await client()
+  t.teardown(() => admin.end())
+  const upkeep = new EventLogUpkeep({ url: await testDatabaseUrl(), clockIntervalMs: 50, retentionMs: undefined, log })
+  t.teardown(() => upkeep.stop())
+  upkeep.start()
+  await waitUntil(() => upkeep.leading, 'it to take the lease')
+  // Another replica takes the lease, as it would once this one's lapsed (in one transaction, so no tick renews it between).
+  await admin.query('begin')
+  await admin.query(`update event_log_state set keeper_until = clock_timestamp() - interval '1 second'`)
+  const term = Number((await admin.query(`select term from events_take_lease('another replica', 60000)`)).rows[0].term)
+  await admin.query('commit')
+  await waitUntil(() => lines.some((line) => line.msg.startsWith('another replica keeps the event log now')), 'it to find the lease gone')
+  t.notOk(upkeep.leading, 'it follows')
+  const { rows: [{ event_id: id }] } = await admin.query(`insert into events (event_type) values ('unkept') returning event_id`)
+  const ticks = upkeep.ticks
+  await sleep(300)
+  t.equal(upkeep.ticks, ticks, 'and ticks no more')
+  t.ok(Number((await admin.query('select settled from event_log_state')).rows[0].settled) < Number(id), 'nothing is published under a lease it no longer holds')
+  await admin.query(`select events_release_lease('another replica', $1)`, [term])
+  await waitUntil(() => upkeep.leading, 'it to take the lease back once it is free')
+  await waitUntil(async () => Number((await admin.query('select settled from event_log_state')).rows[0].settled) >= Number(id), 'its ticks to publish again')
+})
+
 t.test('stopping the upkeep while a tick waits on the database logs no failure', async (t) => {
   const lines: Array<{ msg: string }> = []
   const log = pino({ level: 'info' }, { write: (line: string) => { lines.push(JSON.parse(line)) } })
