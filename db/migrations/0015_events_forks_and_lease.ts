@@ -61,7 +61,7 @@ export async function up (db: Kysely<any>): Promise<void> {
   await sql`
     create sequence events_fork_to as bigint minvalue 0 start 0 cache 1`.execute(db)
   await sql`
-    grant select on sequence events_ids_safe, events_forks, events_fork_from, events_fork_to to public`.execute(db)
+    grant select on sequence events_ids_safe, events_forks to public`.execute(db)
   await sql`
     create or replace function events_ids_unsafe() returns boolean
     language plpgsql volatile as $$

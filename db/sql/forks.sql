@@ -57,7 +57,10 @@
 -- executable by public but through the triggers: whoever may write events
 -- may fence the ids, without rights of their own on the sequences or
 -- event_log_state. events_make_ids_safe() serializes itself with a session
--- advisory lock, held only while it runs.
+-- advisory lock, held only while it runs. events_ids_safe and events_forks
+-- are readable by public, as the settle mark is: writers' WHEN clause reads
+-- the first, and every read of the log both (whether a fork is pending),
+-- and they say nothing but that.
 --
 -- Not a migration: a change is made by a new migration, then copied here
 -- (test/sql-definitions.test.ts fails while the two differ).
@@ -66,7 +69,7 @@ create unlogged sequence events_ids_safe as bigint minvalue 0 start 0 cache 1;
 create sequence events_forks as bigint minvalue 0 start 1 cache 1;
 create sequence events_fork_from as bigint minvalue 0 start 0 cache 1;
 create sequence events_fork_to as bigint minvalue 0 start 0 cache 1;
-grant select on sequence events_ids_safe, events_forks, events_fork_from, events_fork_to to public;
+grant select on sequence events_ids_safe, events_forks to public;
 
 -- True when the ids must be made safe before a row draws one: on a server that may have lost commits.
 create or replace function events_ids_unsafe() returns boolean
