@@ -281,7 +281,7 @@ export class EventHub {
         // Commits this hub saw may be gone (a crash, a failover): nothing is served from memory, and its
         // head may hold ids the database lost. What was lost is known once the keeper records it (a new
         // epoch): until then, wait.
-        if (this.#window!.size > 0) this.#window = new EventWindow(head, this.options.windowBytes)
+        this.#window = new EventWindow(head, this.options.windowBytes)
         if (!this.#lossLogged) this.options.log.warn({ head }, 'the database failed over or recovered from a crash: delivery waits until the event log\'s keeper records what it may have lost')
         this.#lossLogged = true
         hole = true
