@@ -23,6 +23,28 @@ async function connect (url: string) {
   return client
 }
 
+/**
+ * A connection to the server at `url` once it has recovered from the crash
+ * that killed its WAL writer `walwriterPid`. A connection can still be
+ * accepted before the postmaster has noticed the death (and then be ended by
+ * the restart), so the server counts as recovered only once a new WAL writer
+ * runs: it starts after recovery.
+ */
+async function recoveredFrom (url: string, walwriterPid: number): Promise<pg.Client> {
+  let recovered: pg.Client | undefined
+  await waitUntil(async () => {
+    const client = await connect(url).catch(() => undefined)
+    const { rows } = await client?.query(`select pid from pg_stat_activity where backend_type = 'walwriter'`).catch(() => ({ rows: [] })) ?? { rows: [] }
+    if (rows.length === 1 && rows[0].pid !== walwriterPid) {
+      recovered = client
+      return true
+    }
+    await client?.end().catch(() => {})
+    return false
+  }, 'the server to recover from the crash', 30_000)
+  return recovered!
+}
+
 t.test('a crash never hands out again an id the log settled as a hole', { skip }, async (t) => {
   // No commit waits for the disk here, and the WAL writer is paused below:
   // a record reaches the disk only when something asks for it explicitly.
@@ -50,22 +72,10 @@ t.test('a crash never hands out again an id the log settled as a hole', { skip }
   await admin.end()
 
   // The crash: the WAL writer killed, the postmaster restarts every process and recovers from what reached the disk.
-  // A connection can still be accepted before the postmaster has noticed the death (and then be ended by the
-  // restart), so the server counts as recovered only once a new WAL writer runs: it starts after recovery.
   process.kill(walwriter.pid, 'SIGKILL')
-  let writer: pg.Client | undefined
-  await waitUntil(async () => {
-    const client = await connect(cluster.url).catch(() => undefined)
-    const { rows } = await client?.query(`select pid from pg_stat_activity where backend_type = 'walwriter'`).catch(() => ({ rows: [] })) ?? { rows: [] }
-    if (rows.length === 1 && rows[0].pid !== walwriter.pid) {
-      writer = client
-      return true
-    }
-    await client?.end().catch(() => {})
-    return false
-  }, 'the server to recover from the crash', 30_000)
-  t.teardown(() => writer!.end())
-  const after = Number((await writer!.query(`insert into events (event_type) values ('after_crash') returning event_id`)).rows[0].event_id)
+  const writer = await recoveredFrom(cluster.url, walwriter.pid)
+  t.teardown(() => writer.end())
+  const after = Number((await writer.query(`insert into events (event_type) values ('after_crash') returning event_id`)).rows[0].event_id)
   t.ok(after > hole, `the first id after the crash (${after}) is above the hole the log settled (${hole}): the settled position reached the disk before it was published`)
   await stream.waitFor((s) => s.events().length >= 1, 30_000)
   t.same(stream.events().map((event) => event.event_id), [after], 'and the stream resumed from the settled position gets it')
@@ -149,19 +159,9 @@ t.test('a crash that loses commits streams saw: their ids are never handed out a
   await admin.end()
 
   process.kill(walwriter.pid, 'SIGKILL')
-  let writer: pg.Client | undefined
-  await waitUntil(async () => {
-    const client = await connect(cluster.url).catch(() => undefined)
-    const { rows } = await client?.query(`select pid from pg_stat_activity where backend_type = 'walwriter'`).catch(() => ({ rows: [] })) ?? { rows: [] }
-    if (rows.length === 1 && rows[0].pid !== walwriter.pid) {
-      writer = client
-      return true
-    }
-    await client?.end().catch(() => {})
-    return false
-  }, 'the server to recover from the crash', 30_000)
-  t.teardown(() => writer!.end())
-  t.equal((await writer!.query('select count(*)::int as n from events where event_id = any($1)', [lost])).rows[0].n, 0, 'the crash lost them')
+  const writer = await recoveredFrom(cluster.url, walwriter.pid)
+  t.teardown(() => writer.end())
+  t.equal((await writer.query('select count(*)::int as n from events where event_id = any($1)', [lost])).rows[0].n, 0, 'the crash lost them')
 
   await watcher.ended
   t.pass('the stream that delivered them ends (its client reconnects)')

@@ -34,20 +34,29 @@ async function insert (url: string, count: number, type: string): Promise<number
   }
 }
 
-t.test('after a failover that lost commits, a cursor the new primary never saw answers 410, and nothing is skipped', { skip: standbySkipReason() }, async (t) => {
+/**
+ * A primary and its streaming standby with a migrated database `name` (and
+ * the run the tests write to), and a replica that lives through the
+ * failover: its reads and its upkeep each go to an address that a failover
+ * moves (moveReads, moveUpkeep: to the standby).
+ */
+async function beforeFailover (t: Test, name: string) {
   const pg15 = await startReplicatedPostgres(t)
-  await pg15.createDatabase('ocp_failover')
+  await pg15.createDatabase(name)
   const [primaryPort, standbyPort] = [pg15.primaryUrl, pg15.standbyUrl].map((url) => Number(new URL(url).port))
-  const primary = withDatabase(pg15.primaryUrl, 'ocp_failover')
-  const standby = withDatabase(pg15.standbyUrl, 'ocp_failover')
+  const primary = withDatabase(pg15.primaryUrl, name)
+  const standby = withDatabase(pg15.standbyUrl, name)
   await migrateToLatest(primary)
   await queryOn(primary, `insert into runs (run_id, goal, summary, status) values ('run-f', 'g', 's', 'running')`)
-
-  // A replica that lives through the failover: its reads and its upkeep each go to an address that a failover moves.
   const readAddress = await movableAddress(t, primaryPort!)
   const upkeepAddress = await movableAddress(t, primaryPort!)
   const at = (address: { port: number }) => primary.replace(`:${primaryPort}/`, `:${address.port}/`)
   const replica = await serve(t, at(upkeepAddress), at(readAddress))
+  return { pg15, primary, standby, replica, moveReads: () => readAddress.moveTo(standbyPort!), moveUpkeep: () => upkeepAddress.moveTo(standbyPort!) }
+}
+
+t.test('after a failover that lost commits, a cursor the new primary never saw answers 410, and nothing is skipped', { skip: standbySkipReason() }, async (t) => {
+  const { pg15, primary, standby, replica, moveReads, moveUpkeep } = await beforeFailover(t, 'ocp_failover')
 
   const kept = await insert(primary, 3, 'replicated')
   const keptCursor = kept.at(-1)!
@@ -69,13 +78,13 @@ t.test('after a failover that lost commits, a cursor the new primary never saw a
   pg15.crashPrimary()
   await pg15.promoteStandby()
   // The reads move to the new primary first; the upkeep's address still names the old one, so no keeper runs yet.
-  readAddress.moveTo(standbyPort!)
+  moveReads()
   await waitUntil(async () => (await fetch(`${replica.url}/api/events?after_event_id=${lostCursor}`)).status === 503, 'the lost cursor to be refused as transient')
   const pending = await fetch(`${replica.url}/api/events?after_event_id=${lostCursor}`)
   t.match(await pending.json(), { error: { code: 'unavailable', message: /just promoted/ } }, 'until the keeper records the new timeline, a cursor past what is settled: retry')
   t.same(watcher.events().map((event) => event.event_id), lost, 'and the replica that read the old primary delivers nothing meanwhile')
 
-  upkeepAddress.moveTo(standbyPort!)
+  moveUpkeep()
   await watcher.ended
   t.pass('once the keeper records the new timeline, the stream past the epoch\'s base ends (its client reconnects)')
 
@@ -126,17 +135,7 @@ async function readDurable (base: string, path: string): Promise<{ ids: number[]
 }
 
 t.test('a promotion that lost nothing ends no stream and refuses no cursor', { skip: standbySkipReason() }, async (t) => {
-  const pg15 = await startReplicatedPostgres(t)
-  await pg15.createDatabase('ocp_lossless')
-  const [primaryPort, standbyPort] = [pg15.primaryUrl, pg15.standbyUrl].map((url) => Number(new URL(url).port))
-  const primary = withDatabase(pg15.primaryUrl, 'ocp_lossless')
-  const standby = withDatabase(pg15.standbyUrl, 'ocp_lossless')
-  await migrateToLatest(primary)
-  await queryOn(primary, `insert into runs (run_id, goal, summary, status) values ('run-f', 'g', 's', 'running')`)
-  const readAddress = await movableAddress(t, primaryPort!)
-  const upkeepAddress = await movableAddress(t, primaryPort!)
-  const at = (address: { port: number }) => primary.replace(`:${primaryPort}/`, `:${address.port}/`)
-  const replica = await serve(t, at(upkeepAddress), at(readAddress))
+  const { pg15, primary, standby, replica, moveReads, moveUpkeep } = await beforeFailover(t, 'ocp_lossless')
 
   const before = await insert(primary, 5, 'before')
   const stream = await openStream(replica.url, '/api/events/stream?run_id=run-f&after_event_id=0')
@@ -146,8 +145,8 @@ t.test('a promotion that lost nothing ends no stream and refuses no cursor', { s
   await pg15.waitForReplay()
   pg15.crashPrimary()
   await pg15.promoteStandby()
-  readAddress.moveTo(standbyPort!)
-  upkeepAddress.moveTo(standbyPort!)
+  moveReads()
+  moveUpkeep()
 
   const after = await insert(standby, 3, 'after')
   t.ok(after[0]! > before.at(-1)!, 'the new primary\'s ids are above every one the old primary handed out')
@@ -168,17 +167,7 @@ t.test('a promotion that lost nothing ends no stream and refuses no cursor', { s
 })
 
 t.test('after a failover, every event the new primary holds is delivered once: the survivors above the position it had published, and what was written on it before the service reached it', { skip: standbySkipReason() }, async (t) => {
-  const pg15 = await startReplicatedPostgres(t)
-  await pg15.createDatabase('ocp_survivors')
-  const [primaryPort, standbyPort] = [pg15.primaryUrl, pg15.standbyUrl].map((url) => Number(new URL(url).port))
-  const primary = withDatabase(pg15.primaryUrl, 'ocp_survivors')
-  const standby = withDatabase(pg15.standbyUrl, 'ocp_survivors')
-  await migrateToLatest(primary)
-  await queryOn(primary, `insert into runs (run_id, goal, summary, status) values ('run-f', 'g', 's', 'running')`)
-  const readAddress = await movableAddress(t, primaryPort!)
-  const upkeepAddress = await movableAddress(t, primaryPort!)
-  const at = (address: { port: number }) => primary.replace(`:${primaryPort}/`, `:${address.port}/`)
-  const replica = await serve(t, at(upkeepAddress), at(readAddress))
+  const { pg15, primary, standby, replica, moveReads, moveUpkeep } = await beforeFailover(t, 'ocp_survivors')
 
   const settledFirst = await insert(primary, 3, 'settled')
   await waitUntil(async () => Number((await fetch(`${replica.url}/api/runs`)).headers.get('x-event-cursor')) >= settledFirst.at(-1)!, 'the primary to settle them')
@@ -203,8 +192,8 @@ t.test('after a failover, every event the new primary holds is delivered once: t
   // The orchestrator writes on the new primary before the service reaches it: more than a page of events.
   const early = await insert(standby, 1200, 'early')
   t.ok(early[0]! > lost.at(-1)!, `ids written before the service reached the new primary (${early[0]}...) are above every id the old one handed out (${lost.at(-1)})`)
-  readAddress.moveTo(standbyPort!)
-  upkeepAddress.moveTo(standbyPort!)
+  moveReads()
+  moveUpkeep()
   await watcher.ended
   t.pass('the stream that delivered lost events ends')
   const late = await insert(standby, 3, 'late')
