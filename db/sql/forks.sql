@@ -87,6 +87,7 @@ declare
   s event_log_state%rowtype;
   drawn bigint;
   mark bigint;
+  held bigint;
   high bigint;
   moved text;
 begin
@@ -101,10 +102,11 @@ begin
   begin
     select case when q.is_called then q.last_value else q.last_value - 1 end into drawn from events_event_id_seq q;
     mark := coalesce(pg_sequence_last_value('events_settle_mark'), 0);
-    high := greatest(drawn, mark, s.census_drawn, s.settled, (select max(e.event_id) from events e));
+    select max(e.event_id) into held from events e;
+    high := greatest(drawn, mark, s.census_drawn, s.settled, held);
     if pg_sequence_last_value('events_ids_safe') is null then
       perform setval('events_fork_from', 1 + case when exists (select 1 from pg_prepared_xacts x where x.database = current_database()) then high
-        else greatest(s.settled, (select max(e.event_id) from events e)) end, true);
+        else greatest(s.settled, held) end, true);
       perform setval('events_fork_to', high + jump, true);
       perform setval('events_event_id_seq', high + jump, true);
       perform setval('events_settle_mark', high + jump, true);
