@@ -15,7 +15,7 @@
  * began while an older one still held the settle mark below it (their late
  * bound, db/sql/keeper.sql). The service as in production but for
  * EVENTS_CLOCK_INTERVAL_MS=100, on the primary of DATABASE_URL, then on a
- * private primary and through its hot standby (bench/standby-pair.ts; the
+ * private primary and through its hot standby (test/helpers/standby.ts; the
  * keeper and the writers on the primary, the reads and the stream on the
  * standby; --no-standby leaves the private pair out).
  *
@@ -33,7 +33,8 @@ import { loadConfig } from '../config.js'
 import { EventSource } from 'eventsource'
 import { gitDescription, migratedDatabase, sleep, withDatabase } from './common.js'
 import { migrateToLatest } from '../db/migrate.js'
-import { standbyPairSkipReason, startStandbyPair } from './standby-pair.js'
+import type { Test } from 'tap'
+import { standbySkipReason, startReplicatedPostgres } from '../test/helpers/standby.js'
 
 const { values: args } = parseArgs({
   allowNegative: true,
@@ -230,9 +231,10 @@ async function overlap (): Promise<void> {
   const url = await migratedDatabase(OVERLAP_DATABASE)
   cases.push(await overlapCase('primary (DATABASE_URL\'s server)', url, undefined, async () => {}))
   let standbyNote = ''
-  const skip = args.standby ? standbyPairSkipReason() : '--no-standby'
+  const skip = args.standby ? standbySkipReason() : '--no-standby'
   if (skip === false) {
-    const pair = await startStandbyPair()
+    // The tests' pair, which asks only for somewhere to register its own stop (called below).
+    const pair = await startReplicatedPostgres({ teardown: () => {} } as unknown as Test)
     try {
       await pair.createDatabase(OVERLAP_DATABASE)
       const primary = withDatabase(pair.primaryUrl, OVERLAP_DATABASE)

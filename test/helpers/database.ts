@@ -6,6 +6,7 @@ import pg from 'pg'
 import t from 'tap'
 import { startEmbeddedPostgres } from '../../db/embedded.js'
 import { migrateToLatest } from '../../db/migrate.js'
+import { testBackend } from './backend.js'
 import { withDatabase } from './wait.js'
 
 /*
@@ -20,13 +21,7 @@ import { withDatabase } from './wait.js'
  * the test process behind the same loopback bridge the service uses.
  */
 
-/** Which database this run's tests use. */
-export const testBackend: 'server' | 'embedded' = process.env.TEST_BACKEND === 'embedded' ? 'embedded' : 'server'
-
-/** For `{ skip }` on a test that needs what only a Postgres server has (say which). */
-export function needsServer (reason: string): string | false {
-  return testBackend === 'embedded' && `needs a Postgres server: ${reason}`
-}
+export { needsServer, testBackend } from './backend.js'
 
 const migrationsDir = join(dirname(fileURLToPath(import.meta.url)), '../../db/migrations')
 
