@@ -54,8 +54,6 @@ export interface LogState {
   epochBase: number
   /** Ranges (after, through] of ids skipped at a failover or a restart: a cursor in one may have seen events that are gone. */
   reissued: Array<[number, number]>
-  /** The WAL timeline the statement ran on (null on a hot standby). */
-  timeline: number | null
   /**
    * Whether the database may have lost commits that the keeper has not
    * recorded yet: a standby just promoted, a server that recovered from a
@@ -79,7 +77,6 @@ interface LogStateRow {
   epoch: number
   epoch_base: string
   reissued: string[]
-  timeline: string | null
   loss_pending: boolean
   waiting_pid: number | null
   waiting_transaction: string | null
@@ -91,11 +88,11 @@ interface LogStateRow {
 /** The row of LogState, as one subquery (`s`) that any read can join. */
 const logStateRow = sql<LogStateRow>`(select s.settled::text, s.history_floor::text as floor, s.epoch, s.epoch_base::text,
     array(select (lower(r) - 1)::text || ':' || (upper(r) - 1)::text from unnest(s.reissued) r) as reissued,
-    t.timeline, case when t.is_primary then pg_sequence_last_value('events_ids_safe') is null or coalesce(pg_sequence_last_value('events_forks'), 0) > s.forks
+    case when t.is_primary then pg_sequence_last_value('events_ids_safe') is null or coalesce(pg_sequence_last_value('events_forks'), 0) > s.forks
       else false end as loss_pending,
     s.waiting_pid, s.waiting_transaction, s.prepared_writers,
     extract(epoch from clock_timestamp() - s.settled_at)::float8 as settled_age, case when t.drawn is null then 'Infinity' else greatest(t.drawn, s.census_drawn)::text end as drawn
-  from event_log_state s, (select events_timeline() as timeline, not pg_is_in_recovery() as is_primary, d.drawn from events_id_drawn d) t)`
+  from event_log_state s, (select not pg_is_in_recovery() as is_primary, d.drawn from events_id_drawn d) t)`
 
 const toLogState = (row: LogStateRow): LogState => ({
   settled: Number(row.settled),
@@ -103,7 +100,6 @@ const toLogState = (row: LogStateRow): LogState => ({
   epoch: row.epoch,
   epochBase: Number(row.epoch_base),
   reissued: row.reissued.map((range) => range.split(':').map(Number) as [number, number]),
-  timeline: row.timeline === null ? null : Number(row.timeline),
   lossPending: row.loss_pending,
   waitingPid: row.waiting_pid,
   waitingTransaction: row.waiting_transaction,

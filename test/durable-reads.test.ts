@@ -13,7 +13,7 @@ import type { EventReader } from '../events/reader.js'
 // so that each case is certain (the HTTP tests: durable-streams.test.ts).
 
 const HEAD = 10
-const state: LogState = { settled: HEAD, floor: 0, epoch: 1, epochBase: 0, reissued: [], timeline: 1, lossPending: false, waitingPid: null, waitingTransaction: null, preparedWriters: 0, settledAge: 0, drawn: HEAD }
+const state: LogState = { settled: HEAD, floor: 0, epoch: 1, epochBase: 0, reissued: [], lossPending: false, waitingPid: null, waitingTransaction: null, preparedWriters: 0, settledAge: 0, drawn: HEAD }
 const event = (id: number): StoredEvent => ({ id, runId: 'run-1', threadId: '', json: `{"event_id":${id}}` })
 
 function setup (recent: (afterId: number) => StoredEvent[] | undefined) {
