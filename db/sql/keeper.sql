@@ -172,6 +172,7 @@ create or replace function events_keep_order(pause_ms integer default 0, keeper 
   out settled bigint, out history_floor bigint, out epoch integer, out rewound text, out leads boolean)
 language plpgsql volatile security definer set search_path from current as $$
 declare
+  walk constant bigint := 100000;
   s event_log_state%rowtype;
   drawn_before_xid bigint;
   drawn bigint;
@@ -182,6 +183,7 @@ declare
   lowest_bound bigint;
   last_drawn bigint;
   moved_back boolean;
+  reached bigint;
 begin
   -- Read while this transaction holds no transaction id yet: the clock's value (older-replicas.sql).
   select case when q.is_called then q.last_value else q.last_value - 1 end into drawn_before_xid from events_event_id_seq q;
@@ -262,8 +264,15 @@ begin
   end if;
   select min(least(d, l)) into lowest_bound from unnest(b.draw_bounds, b.late_bounds) u (d, l);
   settled := greatest(s.settled, least(b.mark, b.drawn, lowest_bound));
-  -- Over the run of visible ids just above it, as a reader extends it (readers.sql): nothing to wait for there.
-  settled := events_settled(settled, 100000);
+  -- Over the run of visible ids just above it: nothing to wait for there. (Not events_settled(), which starts
+  -- from the history's floor too: the tick publishes what its census found, and the floor stays the floor.)
+  if exists (select 1 from events e where e.event_id = settled + 1) then
+    select e.event_id into reached from events e
+      where e.event_id > settled and e.event_id <= settled + walk
+        and not exists (select 1 from events n where n.event_id = e.event_id + 1)
+      order by e.event_id limit 1;
+    settled := coalesce(reached, settled + walk);
+  end if;
 
   update event_log_state set
     settled = events_keep_order.settled, settled_at = clock_timestamp(),
