@@ -19,15 +19,17 @@ import type { Writer } from './writer.js'
  */
 
 const Text = Type.String()
+/** A text column with a default (''): a row may leave it out. */
+const TextWithDefault = Type.Optional(Text)
 const OptionalText = Type.Optional(Type.Union([Type.String(), Type.Null()]))
 const Timestamp = Type.Optional(Type.String({ format: 'date-time' }))
 const AnyJson = Type.Unknown()
 const row = <Properties extends Record<string, TSchema>>(properties: Properties) => Type.Object(properties, { additionalProperties: false })
 
 const tables = {
-  runs: row({ run_id: Text, goal: Text, summary: Text, status: Text, created_at: Timestamp, updated_at: Timestamp }),
+  runs: row({ run_id: Text, goal: Text, summary: TextWithDefault, status: Text, created_at: Timestamp, updated_at: Timestamp }),
   tasks: row({
-    run_id: Text, task_id: Text, title: Text, summary: Text, status: Text, default_to: OptionalText, priority: Text,
+    run_id: Text, task_id: Text, title: Text, summary: TextWithDefault, status: Text, default_to: OptionalText, priority: Text,
     acceptance_json: AnyJson, latest_attempt_no: Type.Optional(Type.Union([Type.Integer(), Type.Null()])), created_at: Timestamp, updated_at: Timestamp
   }),
   task_attempts: row({
@@ -44,8 +46,8 @@ const tables = {
   }),
   artifacts: row({ artifact_id: Text, message_id: Text, path: Text, kind: Text, metadata_json: AnyJson, created_at: Timestamp }),
   events: row({
-    event_id: Type.Integer({ minimum: 1 }), event_type: Text, run_id: Type.Optional(Text), task_id: Type.Optional(Text), thread_id: Type.Optional(Text),
-    summary: Type.Optional(Text), payload: Type.Optional(AnyJson), created_at: Timestamp
+    event_id: Type.Integer({ minimum: 1 }), event_type: Text, run_id: TextWithDefault, task_id: TextWithDefault, thread_id: TextWithDefault,
+    summary: TextWithDefault, payload: Type.Optional(AnyJson), created_at: Timestamp
   })
 }
 

@@ -18,13 +18,16 @@ import type { ColumnType, Generated, Kysely } from 'kysely'
 /** timestamptz: read as Date, written as Date or ISO string, defaulting to now(). */
 type Timestamp = ColumnType<Date, Date | string | undefined, Date | string>
 
+/** text NOT NULL with a default (''): an insert may leave it out. */
+type TextWithDefault = ColumnType<string, string | undefined, string>
+
 /** A jsonb column holding any JSON value (object, array, string, number, boolean or null). */
 export type Json = ColumnType<unknown, string, string>
 
 export interface RunsTable {
   run_id: string
   goal: string
-  summary: string
+  summary: TextWithDefault
   status: string
   created_at: Timestamp
   updated_at: Timestamp
@@ -34,7 +37,7 @@ export interface TasksTable {
   run_id: string
   task_id: string
   title: string
-  summary: string
+  summary: TextWithDefault
   status: string
   default_to: string | null
   priority: string
@@ -100,10 +103,10 @@ export interface EventsTable {
   /** bigint: pg returns it as a string, so it is typed as one. */
   event_id: Generated<string>
   event_type: string
-  run_id: ColumnType<string, string | undefined, string>
-  task_id: ColumnType<string, string | undefined, string>
-  thread_id: ColumnType<string, string | undefined, string>
-  summary: ColumnType<string, string | undefined, string>
+  run_id: TextWithDefault
+  task_id: TextWithDefault
+  thread_id: TextWithDefault
+  summary: TextWithDefault
   payload: ColumnType<unknown, string | undefined, string>
   created_at: Timestamp
 }

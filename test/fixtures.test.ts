@@ -96,6 +96,17 @@ t.test('rows referencing rows already in the database load; raw JSON of every ki
   t.same(tasks.map((item) => item.acceptance_json), ['text', 3.25, null, [1, { a: null }], { nested: { deep: true } }])
 })
 
+t.test('a column with a default may be left out, as in an insert', async (t) => {
+  const db = await writer()
+  const bareRun = { run_id: 'fx-defaults', goal: 'g', status: 'running' }
+  const bareTask = { run_id: 'fx-defaults', task_id: 'fx-task', title: 't', status: 'ready', priority: 'low', acceptance_json: null }
+  t.same((await loadFixture(db, { runs: [bareRun], tasks: [bareTask] })).inserted, { runs: 1, tasks: 1 })
+  const app = await build(t)
+  const detail = (await app.inject('/api/runs/fx-defaults')).json().run
+  t.equal(detail.run.summary, '', 'a run\'s summary defaults to \'\'')
+  t.equal(detail.tasks[0].summary, '', 'and a task\'s')
+})
+
 t.test('npm run seed: the command line reports, and refuses bad fixtures with exit 1', async (t) => {
   const runSeed = (args: string[], env: Record<string, string>) => runScript(['db/seed.ts', ...args], env)
   const url = await testDatabaseUrl()

@@ -14,6 +14,7 @@ import * as streamTokenKey from './0012_stream_token_key.js'
 import * as eventsSettledWithoutPartitionLocks from './0013_events_settled_without_partition_locks.js'
 import * as eventsSettledInlined from './0014_events_settled_inlined.js'
 import * as eventsForksAndLease from './0015_events_forks_and_lease.js'
+import * as summariesDefaultEmpty from './0016_summaries_default_empty.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -39,5 +40,6 @@ export const migrations: Record<string, Migration> = {
   '0012_stream_token_key': streamTokenKey,
   '0013_events_settled_without_partition_locks': eventsSettledWithoutPartitionLocks,
   '0014_events_settled_inlined': eventsSettledInlined,
-  '0015_events_forks_and_lease': eventsForksAndLease
+  '0015_events_forks_and_lease': eventsForksAndLease,
+  '0016_summaries_default_empty': summariesDefaultEmpty
 }
