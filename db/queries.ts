@@ -316,6 +316,44 @@ export async function getRunDetail (pool: pg.Pool, runId: string, known: number)
   return row === undefined ? undefined : toBlockedBody(row)
 }
 
+/**
+ * A task's detail as a lateral row of its run `r`: {task: TaskDetail}, the
+ * task with every attempt (attempt_no desc) and every thread (created_at
+ * desc, thread_id desc); no row when the run has no such task.
+ */
+function taskDetailOf (eb: ExpressionBuilder<any, any>, taskId: string) {
+  return eb.selectFrom('tasks as t')
+    .select((row) => jsonObject({
+      task: rowJson(Resource.TaskDetail, 't', {
+        attempts: sql`(${row.selectFrom('task_attempts as a')
+          .select(jsonArray(rowJson(Resource.TaskAttempt, 'a'), sql`a.attempt_no desc`).as('attempts'))
+          .whereRef('a.run_id', '=', 't.run_id')
+          .whereRef('a.task_id', '=', 't.task_id')})`,
+        threads: sql`(${row.selectFrom('threads as th')
+          .select(jsonArray(rowJson(Resource.Thread, 'th'), sql`th.created_at desc, th.thread_id desc`).as('threads'))
+          .whereRef('th.run_id', '=', 't.run_id')
+          .whereRef('th.task_id', '=', 't.task_id')})`
+      })
+    }).as('body'))
+    .whereRef('t.run_id', '=', 'r.run_id')
+    .where('t.task_id', '=', taskId)
+}
+
+const taskDetail = new Statement(3, (known: number, runId: string, taskId: string) => builder.selectFrom('runs as r')
+  .leftJoinLateral((eb) => taskDetailOf(eb, taskId).as('td'), (join) => join.onTrue())
+  .select(['td.body', eventCursor(known)])
+  .where('r.run_id', '=', runId))
+
+interface TaskDetailRow extends pg.QueryResultRow { body: string | null, event_cursor: string }
+
+/** getTaskDetail: the task, its attempts and its threads, from one snapshot; says which is missing when the run or its task is unknown. */
+export async function getTaskDetail (pool: pg.Pool, runId: string, taskId: string, known: number): Promise<ReadBody | 'no run' | 'no task'> {
+  const row = await queryRow<TaskDetailRow, [number, string, string]>(pool, taskDetail, known, runId, taskId)
+  if (row === undefined) return 'no run'
+  if (row.body === null) return 'no task'
+  return { body: row.body, eventCursor: row.event_cursor }
+}
+
 const blockedList = new Statement(2, (known: number, runId: string) => builder.selectFrom('runs as r')
   .innerJoinLateral((eb) => blockedTasks(eb, eb.ref('r.run_id')).as('b'), (join) => join.onTrue())
   .select([jsonObject({ blocked: sql`b.blocked` }).as('body'), 'b.left_out', eventCursor(known)])

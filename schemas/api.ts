@@ -25,6 +25,7 @@ const Id = (name: string, description: string) => Type.String({
 })
 
 export const RunParams = Type.Object({ runID: Id('run_id', 'run_id of the run') })
+export const TaskParams = Type.Object({ ...RunParams.properties, taskID: Id('task_id', 'task_id of the task, within the run') })
 export const ThreadParams = Type.Object({ threadID: Id('thread_id', 'thread_id of the thread') })
 
 /** An event id as a client writes it: digits, at most 16 of them (and within 2^53: parseEventCursor). */
@@ -126,6 +127,8 @@ export const RunList = Type.Object({
 
 export const RunDetailEnvelope = Type.Object({ run: Type.Ref('RunDetail') }, { $id: 'RunDetailEnvelope', additionalProperties: false })
 
+export const TaskDetailEnvelope = Type.Object({ task: Type.Ref('TaskDetail') }, { $id: 'TaskDetailEnvelope', additionalProperties: false })
+
 export const TaskList = Type.Object({
   tasks: Type.Array(Type.Ref('Task'), { description: 'Ordered by created_at, then task_id' })
 }, { $id: 'TaskList', additionalProperties: false })
@@ -166,7 +169,7 @@ export const AuthInfo = Type.Object({
 }, { $id: 'AuthInfo', additionalProperties: false })
 
 /** The response wrappers, registered like the resources so documents name them. */
-export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope, EventList, StreamScope, StreamToken, SignIn, AuthInfo]
+export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, TaskDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope, EventList, StreamScope, StreamToken, SignIn, AuthInfo]
 
 /**
  * The credentials a stream's URL may carry, for clients that cannot send
@@ -248,6 +251,9 @@ export const eventCursorErrors = {
 }
 
 export const notFoundErrors = { ...commonErrors, 404: errorResponse('`not_found`: no such run or thread') }
+
+/** The errors of a task's read: its run, or the task within it, may not exist. */
+export const taskNotFoundErrors = { ...commonErrors, 404: errorResponse('`not_found`: no such run (`run not found`), or no such task in the run (`task not found`)') }
 
 // ---- HTTP caching (docs/reference.md, "HTTP caching"; plugins/app/http-cache.ts) -----------
 

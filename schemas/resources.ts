@@ -111,6 +111,16 @@ export const ThreadDetail = Type.Object({
   messages: Type.Array(Type.Ref('Message'), { description: 'Ordered by created_at, then message_id' })
 }, { $id: 'ThreadDetail', additionalProperties })
 
+export const TaskDetail = Type.Object({
+  ...Task.properties,
+  attempts: Type.Array(Type.Ref('TaskAttempt'), { description: 'Every attempt of the task, newest first: attempt_no desc' }),
+  threads: Type.Array(Type.Ref('Thread'), { description: 'Every thread of the task, newest first: created_at desc, then thread_id desc' })
+}, {
+  $id: 'TaskDetail',
+  additionalProperties,
+  description: 'A task (every field of Task) with its attempts and threads'
+})
+
 export const BlockedTask = Type.Object({
   task: Type.Ref('Task'),
   attempt: Type.Ref('TaskAttempt'),
@@ -150,5 +160,5 @@ export const Event = Type.Object({
 
 /** Every shared schema, in an order where each is added after those it references. */
 export const resourceSchemas: TObject[] = [
-  Run, RunListItem, Task, TaskAttempt, Artifact, Message, Thread, ThreadDetail, BlockedTask, RunDetail, Event, ErrorEnvelope
+  Run, RunListItem, Task, TaskAttempt, Artifact, Message, Thread, ThreadDetail, TaskDetail, BlockedTask, RunDetail, Event, ErrorEnvelope
 ]

@@ -1,8 +1,8 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify'
-import { getRunDetail, listBlockedTasks, listRunTasks, listRuns, type PageKey, type PagedBody } from '../../db/queries.js'
+import { getRunDetail, getTaskDetail, listBlockedTasks, listRunTasks, listRuns, type PageKey, type PagedBody } from '../../db/queries.js'
 import { invalidParameter, notFound } from '../../errors.js'
-import { CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageKeyParam, PageQuery, parseLimit, parseStatuses, readResponse, RunParams, RunsQuery } from '../../schemas/api.js'
+import { CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageKeyParam, PageQuery, parseLimit, parseStatuses, readResponse, RunParams, RunsQuery, TaskParams, taskNotFoundErrors } from '../../schemas/api.js'
 
 // ---- keyset paging (docs/reference.md, "Ordering and pages") -----------------------------------
 
@@ -127,6 +127,24 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const page = await listRunTasks(app.dbPool, request.params.runID, { limit, after }, await app.events.ready())
     if (page === undefined) throw notFound('run')
     return sendPage(request, reply, page, limit)
+  })
+
+  app.get('/runs/:runID/tasks/:taskID', {
+    schema: {
+      operationId: 'getTaskDetail',
+      tags: ['runs'],
+      summary: 'A task with all its attempts and threads, from one snapshot',
+      description: 'Every field of the task, its attempts (attempt_no desc) and its threads (created_at desc, then thread_id desc; each thread\'s messages: getThreadDetail).',
+      params: TaskParams,
+      headers: ConditionalHeaders,
+      response: { 200: readResponse('TaskDetailEnvelope', 'The task in detail', CACHE_CONTROL_DOCS.state), ...notModified, ...taskNotFoundErrors }
+    }
+  }, async (request, reply) => {
+    const { runID, taskID } = request.params
+    const detail = await getTaskDetail(app.dbPool, runID, taskID, await app.events.ready())
+    if (detail === 'no run') throw notFound('run')
+    if (detail === 'no task') throw notFound('task')
+    return reply.sendRead(detail)
   })
 
   app.get('/runs/:runID/blocked', {
