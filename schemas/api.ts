@@ -105,10 +105,17 @@ const RunStatuses = Type.String({
   [ACCEPTS]: 'status must name one or more run statuses, separated by commas'
 })
 
-/** The run list's query: paging, and a filter on the run's status. */
+/** Whether the run list keeps only runs waiting on an answer. */
+const RunsBlocked = Type.Union([Type.Literal('true'), Type.Literal('false')], {
+  description: '`true`: only runs with at least one task in status `blocked` (task_counts.blocked > 0); `false`: every run, as without it',
+  [ACCEPTS]: 'blocked must be true or false'
+})
+
+/** The run list's query: paging, and filters on the run's status and on its having a blocked task. */
 export const RunsQuery = Type.Object({
   ...PageQuery.properties,
-  status: Type.Optional(RunStatuses)
+  status: Type.Optional(RunStatuses),
+  blocked: Type.Optional(RunsBlocked)
 })
 
 /** The statuses of `status=a,b` (empty items dropped, each once); undefined when absent; only commas is a 400. */

@@ -31,6 +31,8 @@ export interface PageQuery {
 export interface RunsQuery extends PageQuery {
   /** Only runs in this status, or in any of these. */
   status?: string | string[]
+  /** Only runs with at least one task in status `blocked` (waiting on an answer). */
+  blocked?: boolean
 }
 
 export interface EventFilter {
@@ -189,7 +191,7 @@ export function createReader (options: ClientOptions) {
   const statusParam = (status: RunsQuery['status']) => (Array.isArray(status) ? status.join(',') : status) || undefined
 
   const reads = {
-    runsRead: (q: RunsQuery = {}, signal?: AbortSignal) => read<RunList>(`/api/runs${query({ status: statusParam(q.status), limit: q.limit, cursor: q.cursor })}`, signal),
+    runsRead: (q: RunsQuery = {}, signal?: AbortSignal) => read<RunList>(`/api/runs${query({ status: statusParam(q.status), blocked: q.blocked === true ? 'true' : undefined, limit: q.limit, cursor: q.cursor })}`, signal),
     runRead: (runId: string, signal?: AbortSignal) => read<RunDetailEnvelope>(`/api/runs/${id(runId)}`, signal),
     tasksRead: (runId: string, q: PageQuery = {}, signal?: AbortSignal) => read<TaskList>(`/api/runs/${id(runId)}/tasks${query({ limit: q.limit, cursor: q.cursor })}`, signal),
     taskRead: (runId: string, taskId: string, signal?: AbortSignal) => read<TaskDetailEnvelope>(`/api/runs/${id(runId)}/tasks/${id(taskId)}`, signal),

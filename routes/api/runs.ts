@@ -80,7 +80,7 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
       operationId: 'listRuns',
       tags: ['runs'],
       summary: 'Runs, newest first, each with its task counts',
-      description: `Newest first (created_at desc, run_id desc). Without \`limit\`, at most ${RUN_LIST_DEFAULT_LIMIT} runs (RUN_LIST_DEFAULT_LIMIT); a Link rel="next" header is sent whenever more remain, keeping \`status\`.`,
+      description: `Newest first (created_at desc, run_id desc). Without \`limit\`, at most ${RUN_LIST_DEFAULT_LIMIT} runs (RUN_LIST_DEFAULT_LIMIT); a Link rel="next" header is sent whenever more remain, keeping \`status\` and \`blocked\`.`,
       querystring: RunsQuery,
       headers: ConditionalHeaders,
       response: { 200: readResponse('RunList', 'The runs, newest first', CACHE_CONTROL_DOCS.state), ...notModified, ...commonErrors }
@@ -89,8 +89,12 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const limit = parseLimit(request.query.limit) ?? RUN_LIST_DEFAULT_LIMIT
     const after = request.query.cursor === undefined ? undefined : decodePageKey(request.query.cursor)
     const statuses = parseStatuses(request.query.status)
-    const page = await listRuns(app.dbPool, { limit, after, statuses }, await app.events.ready())
-    return sendPage(request, reply, page, limit, statuses === undefined ? {} : { status: statuses.join(',') })
+    const blocked = request.query.blocked === 'true'
+    const page = await listRuns(app.dbPool, { limit, after, statuses, blocked }, await app.events.ready())
+    return sendPage(request, reply, page, limit, {
+      ...(statuses === undefined ? {} : { status: statuses.join(',') }),
+      ...(blocked ? { blocked: 'true' } : {})
+    })
   })
 
   app.get('/runs/:runID', {
