@@ -55,6 +55,9 @@ const eventCursor = (known: number) => settledPosition(known).as('event_cursor')
 /** LIMIT for "no limit": larger than any table, and still a valid bigint. */
 const UNBOUNDED = Number.MAX_SAFE_INTEGER
 
+/** The task status that asks a person for an answer (docs/reference.md, "Conventions"). */
+const BLOCKED = sql.lit('blocked')
+
 // ---- building blocks ------------------------------------------------------
 
 /** {task_counts, total_tasks} of one run: an index-only count per status. */
@@ -114,7 +117,7 @@ function blockedTaskRows (eb: ExpressionBuilder<any, any>, runId: Expression<str
       (join) => join.onTrue()
     )
     .where('t.run_id', '=', runId)
-    .where('t.status', '=', sql.lit('blocked'))
+    .where('t.status', '=', BLOCKED)
     .select((row) => [
       't.task_id',
       't.created_at',
@@ -134,6 +137,14 @@ function blockedTasks (eb: ExpressionBuilder<any, any>, runId: Expression<string
       jsonArray(sql`bt.item`, sql`bt.created_at, bt.task_id`, sql`bt.complete`).as('blocked'),
       sql<string[] | null>`array_agg(bt.task_id order by bt.created_at, bt.task_id) filter (where not bt.complete)`.as('left_out')
     ])
+}
+
+/** Whether the run has a task in status blocked: one probe of tasks_run_status_idx. */
+function hasBlockedTask (eb: ExpressionBuilder<any, any>, runId: Expression<string>) {
+  return eb.exists(eb.selectFrom('tasks as bt')
+    .select(sql.lit(1).as('one'))
+    .where('bt.run_id', '=', runId)
+    .where('bt.status', '=', BLOCKED))
 }
 
 /** A run's tasks as a JSON array in list order. */
@@ -185,12 +196,14 @@ interface BodyRow extends pg.QueryResultRow { body: string, event_cursor: string
  * the prepared statement: written as (created_at, run_id) < (...), the list's
  * own index takes it as an index condition too and the planner, estimating
  * the status filter without its value, may pick that index and skip its way
- * through most of the table.
+ * through most of the table. With `blocked`, each status's page keeps only
+ * the runs with a blocked task, before its limit.
  */
-function runsInStatuses (limitPlusOne: number, statuses: string[], after?: PageKey) {
+function runsInStatuses (limitPlusOne: number, statuses: string[], blocked: boolean, after?: PageKey) {
   return builder.selectFrom(sql<{ status: string }>`unnest(${statuses}::text[])`.as<'wanted'>(sql`wanted(status)`))
     .innerJoinLateral((eb) => eb.selectFrom('runs as one').selectAll('one')
       .whereRef('one.status', '=', 'wanted.status')
+      .$if(blocked, (query) => query.where((inner) => hasBlockedTask(inner, inner.ref('one.run_id'))))
       // The status leads the keyset comparison so that only the status index can start the scan at the key.
       .$if(after !== undefined, (query) => query.where((inner) => inner(
         inner.refTuple('one.status', 'one.created_at', 'one.run_id'), '<',
@@ -206,14 +219,28 @@ function runsInStatuses (limitPlusOne: number, statuses: string[], after?: PageK
     .limit(limitPlusOne)
 }
 
-/** listRuns' statement: a page of runs after `after` (or the first), at most `limit` of them, in `statuses` when given. */
-function listRunsQuery (known: number, limit: number, limitPlusOne: number, after?: PageKey, statuses?: string[]) {
+/** What narrows the run list: a status (any of several), and having a blocked task. */
+export interface RunFilters {
+  statuses?: string[]
+  blocked?: boolean
+}
+
+/**
+ * listRuns' statement: a page of runs after `after` (or the first), at most
+ * `limit` of them, in `statuses` when given, only those with a blocked task
+ * when `blocked`. Newest first from runs_created_at_run_id_idx (or each
+ * status's page), the blocked filter a probe of tasks_run_status_idx for
+ * each run passed over: no index orders runs by their blocked tasks, and
+ * runs are thousands, where tasks are many more.
+ */
+function listRunsQuery (known: number, limit: number, limitPlusOne: number, after: PageKey | undefined, statuses: string[] | undefined, blocked: boolean) {
   const runs = statuses === undefined
     ? builder.selectFrom('runs as r')
       .$if(after !== undefined, (query) => query.where((eb) => eb(
         eb.refTuple('r.created_at', 'r.run_id'), '<', eb.tuple(sql<Date>`${after!.createdAt}::timestamptz`, after!.id)
       )))
-    : builder.selectFrom(runsInStatuses(limitPlusOne, statuses, after).as('r'))
+      .$if(blocked, (query) => query.where((eb) => hasBlockedTask(eb, eb.ref('r.run_id'))))
+    : builder.selectFrom(runsInStatuses(limitPlusOne, statuses, blocked, after).as('r'))
   const rows = runs
     .innerJoinLateral((eb) => taskCounts(eb, eb.ref('r.run_id')).as('c'), (join) => join.onTrue())
     .select((eb) => [
@@ -228,27 +255,29 @@ function listRunsQuery (known: number, limit: number, limitPlusOne: number, afte
   return builder.selectFrom(rows.as('p')).select(pageAggregates('runs', limit, known))
 }
 
-const listRunsFirst = new Statement(3, (known: number, limit: number, limitPlusOne: number) => listRunsQuery(known, limit, limitPlusOne))
-const listRunsAfter = new Statement(5, (known: number, limit: number, limitPlusOne: number, createdAt: string, id: string) =>
-  listRunsQuery(known, limit, limitPlusOne, { createdAt, id }))
-const listRunsInFirst = new Statement(4, (known: number, limit: number, limitPlusOne: number, statuses: string[]) =>
-  listRunsQuery(known, limit, limitPlusOne, undefined, statuses))
-const listRunsInAfter = new Statement(6, (known: number, limit: number, limitPlusOne: number, createdAt: string, id: string, statuses: string[]) =>
-  listRunsQuery(known, limit, limitPlusOne, { createdAt, id }, statuses))
+type ListRunsArgs = [known: number, limit: number, limitPlusOne: number, createdAt: string | undefined, id: string | undefined, statuses: string[] | undefined]
 
-/** listRuns: newest first (created_at desc, run_id desc), each with its task counts; only runs in `statuses` when given. */
-export async function listRuns (pool: pg.Pool, page: Page & { limit: number, statuses?: string[] }, known: number): Promise<PagedBody> {
-  const { limit, after, statuses } = page
-  let row: PageRow | undefined
-  if (statuses === undefined) {
-    row = after === undefined
-      ? await queryRow<PageRow, [number, number, number]>(pool, listRunsFirst, known, limit, limit + 1)
-      : await queryRow<PageRow, [number, number, number, string, string]>(pool, listRunsAfter, known, limit, limit + 1, after.createdAt, after.id)
-  } else {
-    row = after === undefined
-      ? await queryRow<PageRow, [number, number, number, string[]]>(pool, listRunsInFirst, known, limit, limit + 1, statuses)
-      : await queryRow<PageRow, [number, number, number, string, string, string[]]>(pool, listRunsInAfter, known, limit, limit + 1, after.createdAt, after.id, statuses)
+/**
+ * One statement per shape of page (first or after a key, in statuses or
+ * not, blocked or not): each its own SQL, so that each gets its own plan.
+ * Every one takes the same arguments; a shape's SQL uses only its own.
+ */
+const listRunsStatements = new Map<string, Statement<ListRunsArgs>>()
+const shapeOf = (after: boolean, inStatuses: boolean, blocked: boolean) => `${after}/${inStatuses}/${blocked}`
+for (const after of [false, true]) {
+  for (const inStatuses of [false, true]) {
+    for (const blocked of [false, true]) {
+      listRunsStatements.set(shapeOf(after, inStatuses, blocked), new Statement<ListRunsArgs>(6, (known, limit, limitPlusOne, createdAt, id, statuses) =>
+        listRunsQuery(known, limit, limitPlusOne, after ? { createdAt: createdAt!, id: id! } : undefined, inStatuses ? statuses : undefined, blocked)))
+    }
   }
+}
+
+/** listRuns: newest first (created_at desc, run_id desc), each with its task counts; only runs in `statuses` when given, only runs with a blocked task when `blocked`. */
+export async function listRuns (pool: pg.Pool, page: Page & RunFilters & { limit: number }, known: number): Promise<PagedBody> {
+  const { limit, after, statuses, blocked = false } = page
+  const statement = listRunsStatements.get(shapeOf(after !== undefined, statuses !== undefined, blocked))!
+  const row = await queryRow<PageRow, ListRunsArgs>(pool, statement, known, limit, limit + 1, after?.createdAt, after?.id, statuses)
   return toPagedBody(row!)
 }
 
@@ -314,6 +343,44 @@ const runDetail = new Statement(2, (known: number, runId: string) => builder.sel
 export async function getRunDetail (pool: pg.Pool, runId: string, known: number): Promise<BlockedBody | undefined> {
   const row = await queryRow<BlockedRow, [number, string]>(pool, runDetail, known, runId)
   return row === undefined ? undefined : toBlockedBody(row)
+}
+
+/**
+ * A task's detail as a lateral row of its run `r`: {task: TaskDetail}, the
+ * task with every attempt (attempt_no desc) and every thread (created_at
+ * desc, thread_id desc); no row when the run has no such task.
+ */
+function taskDetailOf (eb: ExpressionBuilder<any, any>, taskId: string) {
+  return eb.selectFrom('tasks as t')
+    .select((row) => jsonObject({
+      task: rowJson(Resource.TaskDetail, 't', {
+        attempts: sql`(${row.selectFrom('task_attempts as a')
+          .select(jsonArray(rowJson(Resource.TaskAttempt, 'a'), sql`a.attempt_no desc`).as('attempts'))
+          .whereRef('a.run_id', '=', 't.run_id')
+          .whereRef('a.task_id', '=', 't.task_id')})`,
+        threads: sql`(${row.selectFrom('threads as th')
+          .select(jsonArray(rowJson(Resource.Thread, 'th'), sql`th.created_at desc, th.thread_id desc`).as('threads'))
+          .whereRef('th.run_id', '=', 't.run_id')
+          .whereRef('th.task_id', '=', 't.task_id')})`
+      })
+    }).as('body'))
+    .whereRef('t.run_id', '=', 'r.run_id')
+    .where('t.task_id', '=', taskId)
+}
+
+const taskDetail = new Statement(3, (known: number, runId: string, taskId: string) => builder.selectFrom('runs as r')
+  .leftJoinLateral((eb) => taskDetailOf(eb, taskId).as('td'), (join) => join.onTrue())
+  .select(['td.body', eventCursor(known)])
+  .where('r.run_id', '=', runId))
+
+interface TaskDetailRow extends pg.QueryResultRow { body: string | null, event_cursor: string }
+
+/** getTaskDetail: the task, its attempts and its threads, from one snapshot; says which is missing when the run or its task is unknown. */
+export async function getTaskDetail (pool: pg.Pool, runId: string, taskId: string, known: number): Promise<ReadBody | 'no run' | 'no task'> {
+  const row = await queryRow<TaskDetailRow, [number, string, string]>(pool, taskDetail, known, runId, taskId)
+  if (row === undefined) return 'no run'
+  if (row.body === null) return 'no task'
+  return { body: row.body, eventCursor: row.event_cursor }
 }
 
 const blockedList = new Statement(2, (known: number, runId: string) => builder.selectFrom('runs as r')

@@ -25,6 +25,7 @@ const Id = (name: string, description: string) => Type.String({
 })
 
 export const RunParams = Type.Object({ runID: Id('run_id', 'run_id of the run') })
+export const TaskParams = Type.Object({ ...RunParams.properties, taskID: Id('task_id', 'task_id of the task, within the run') })
 export const ThreadParams = Type.Object({ threadID: Id('thread_id', 'thread_id of the thread') })
 
 /** An event id as a client writes it: digits, at most 16 of them (and within 2^53: parseEventCursor). */
@@ -104,10 +105,17 @@ const RunStatuses = Type.String({
   [ACCEPTS]: 'status must name one or more run statuses, separated by commas'
 })
 
-/** The run list's query: paging, and a filter on the run's status. */
+/** Whether the run list keeps only runs waiting on an answer. */
+const RunsBlocked = Type.Union([Type.Literal('true'), Type.Literal('false')], {
+  description: '`true`: only runs with at least one task in status `blocked` (task_counts.blocked > 0); `false`: every run, as without it',
+  [ACCEPTS]: 'blocked must be true or false'
+})
+
+/** The run list's query: paging, and filters on the run's status and on its having a blocked task. */
 export const RunsQuery = Type.Object({
   ...PageQuery.properties,
-  status: Type.Optional(RunStatuses)
+  status: Type.Optional(RunStatuses),
+  blocked: Type.Optional(RunsBlocked)
 })
 
 /** The statuses of `status=a,b` (empty items dropped, each once); undefined when absent; only commas is a 400. */
@@ -125,6 +133,8 @@ export const RunList = Type.Object({
 }, { $id: 'RunList', additionalProperties: false })
 
 export const RunDetailEnvelope = Type.Object({ run: Type.Ref('RunDetail') }, { $id: 'RunDetailEnvelope', additionalProperties: false })
+
+export const TaskDetailEnvelope = Type.Object({ task: Type.Ref('TaskDetail') }, { $id: 'TaskDetailEnvelope', additionalProperties: false })
 
 export const TaskList = Type.Object({
   tasks: Type.Array(Type.Ref('Task'), { description: 'Ordered by created_at, then task_id' })
@@ -166,7 +176,7 @@ export const AuthInfo = Type.Object({
 }, { $id: 'AuthInfo', additionalProperties: false })
 
 /** The response wrappers, registered like the resources so documents name them. */
-export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope, EventList, StreamScope, StreamToken, SignIn, AuthInfo]
+export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, TaskDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope, EventList, StreamScope, StreamToken, SignIn, AuthInfo]
 
 /**
  * The credentials a stream's URL may carry, for clients that cannot send
@@ -234,7 +244,7 @@ export const errorResponse = (description: string) => Type.Ref('ErrorEnvelope', 
 
 /** The error responses every /api route can give, besides its own 404. */
 export const commonErrors = {
-  400: errorResponse('`bad_request`: a malformed parameter or URL'),
+  400: errorResponse('`bad_request`: a malformed parameter or URL, or a query parameter the route does not take'),
   401: errorResponse('`unauthorized`: a missing, unknown, expired or refused token (only when authentication is on); WWW-Authenticate says why'),
   500: errorResponse('`internal`: an unexpected failure (a bug)'),
   503: errorResponse('`unavailable`: the database is unreachable or too slow, or the service is overloaded or shutting down')
@@ -248,6 +258,9 @@ export const eventCursorErrors = {
 }
 
 export const notFoundErrors = { ...commonErrors, 404: errorResponse('`not_found`: no such run or thread') }
+
+/** The errors of a task's read: its run, or the task within it, may not exist. */
+export const taskNotFoundErrors = { ...commonErrors, 404: errorResponse('`not_found`: no such run (`run not found`), or no such task in the run (`task not found`)') }
 
 // ---- HTTP caching (docs/reference.md, "HTTP caching"; plugins/app/http-cache.ts) -----------
 

@@ -1,4 +1,5 @@
 import { Type, type TObject } from 'typebox'
+import { ErrorCodes } from '../errors.js'
 import { eventTypeNames } from './event-types.js'
 
 /*
@@ -111,6 +112,16 @@ export const ThreadDetail = Type.Object({
   messages: Type.Array(Type.Ref('Message'), { description: 'Ordered by created_at, then message_id' })
 }, { $id: 'ThreadDetail', additionalProperties })
 
+export const TaskDetail = Type.Object({
+  ...Task.properties,
+  attempts: Type.Array(Type.Ref('TaskAttempt'), { description: 'Every attempt of the task, newest first: attempt_no desc' }),
+  threads: Type.Array(Type.Ref('Thread'), { description: 'Every thread of the task, newest first: created_at desc, then thread_id desc' })
+}, {
+  $id: 'TaskDetail',
+  additionalProperties,
+  description: 'A task (every field of Task) with its attempts and threads'
+})
+
 export const BlockedTask = Type.Object({
   task: Type.Ref('Task'),
   attempt: Type.Ref('TaskAttempt'),
@@ -131,7 +142,7 @@ export const RunDetail = Type.Object({
 
 export const ErrorEnvelope = Type.Object({
   error: Type.Object({
-    code: Type.String({ description: 'not_found, bad_request, unauthorized, unavailable or internal' }),
+    code: Type.String({ description: `One of ${Object.keys(ErrorCodes).join(', ')}` }),
     message: Type.String({ description: 'Human-readable explanation' })
   }, { additionalProperties })
 }, { $id: 'ErrorEnvelope', additionalProperties })
@@ -150,5 +161,5 @@ export const Event = Type.Object({
 
 /** Every shared schema, in an order where each is added after those it references. */
 export const resourceSchemas: TObject[] = [
-  Run, RunListItem, Task, TaskAttempt, Artifact, Message, Thread, ThreadDetail, BlockedTask, RunDetail, Event, ErrorEnvelope
+  Run, RunListItem, Task, TaskAttempt, Artifact, Message, Thread, ThreadDetail, TaskDetail, BlockedTask, RunDetail, Event, ErrorEnvelope
 ]

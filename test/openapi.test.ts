@@ -18,11 +18,12 @@ const specOperations = [
   ['listRuns', '/api/runs', ['200']],
   ['getRunDetail', '/api/runs/{runID}', ['200', '404']],
   ['listRunTasks', '/api/runs/{runID}/tasks', ['200', '404']],
+  ['getTaskDetail', '/api/runs/{runID}/tasks/{taskID}', ['200', '304', '404']],
   ['listBlockedTasks', '/api/runs/{runID}/blocked', ['200', '404']],
   ['getThreadDetail', '/api/threads/{threadID}', ['200', '404']]
 ] as const
 
-const specResources = ['Run', 'RunListItem', 'RunDetail', 'Task', 'TaskAttempt', 'Artifact', 'Message', 'Thread', 'ThreadDetail', 'BlockedTask', 'ErrorEnvelope', 'Event']
+const specResources = ['Run', 'RunListItem', 'RunDetail', 'Task', 'TaskAttempt', 'Artifact', 'Message', 'Thread', 'ThreadDetail', 'TaskDetail', 'BlockedTask', 'ErrorEnvelope', 'Event']
 
 t.before(() => insertGraph({
   runs: [makeRun({ run_id: 'run-o' })],
@@ -104,14 +105,17 @@ t.test('real responses validate against the document\'s own schemas', async (t) 
     ['/api/runs', '/api/runs', 200],
     ['/api/runs/{runID}', '/api/runs/run-o', 200],
     ['/api/runs/{runID}/tasks', '/api/runs/run-o/tasks', 200],
+    ['/api/runs/{runID}/tasks/{taskID}', '/api/runs/run-o/tasks/task-blocked', 200],
     ['/api/runs/{runID}/blocked', '/api/runs/run-o/blocked', 200],
     ['/api/threads/{threadID}', '/api/threads/thread-o', 200],
     ['/api/events', '/api/events', 200],
     ['/api/runs/{runID}', '/api/runs/nope', 404],
     ['/api/runs/{runID}/tasks', '/api/runs/nope/tasks', 404],
+    ['/api/runs/{runID}/tasks/{taskID}', '/api/runs/run-o/tasks/nope', 404],
     ['/api/runs/{runID}/blocked', '/api/runs/nope/blocked', 404],
     ['/api/threads/{threadID}', '/api/threads/nope', 404],
     ['/api/runs', '/api/runs?limit=0', 400],
+    ['/api/runs', '/api/runs?blocked=yes', 400],
     ['/api/events', '/api/events?after_event_id=x', 400]
   ]
   for (const [path, url, status] of cases) {

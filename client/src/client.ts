@@ -1,6 +1,6 @@
 import { ApiError, CursorExpired, errorFromResponse, networkError } from './errors.js'
 import { readSse } from './sse.js'
-import type { AuthInfo, BlockedTaskList, Event, EventList, RunDetailEnvelope, RunList, StreamToken, TaskList, ThreadDetailEnvelope } from './types.js'
+import type { AuthInfo, BlockedTaskList, Event, EventList, RunDetailEnvelope, RunList, StreamToken, TaskDetailEnvelope, TaskList, ThreadDetailEnvelope } from './types.js'
 
 /**
  * Where the bearer token comes from: the token itself, or a function asked
@@ -31,6 +31,8 @@ export interface PageQuery {
 export interface RunsQuery extends PageQuery {
   /** Only runs in this status, or in any of these. */
   status?: string | string[]
+  /** Only runs with at least one task in status `blocked` (waiting on an answer). */
+  blocked?: boolean
 }
 
 export interface EventFilter {
@@ -189,9 +191,10 @@ export function createReader (options: ClientOptions) {
   const statusParam = (status: RunsQuery['status']) => (Array.isArray(status) ? status.join(',') : status) || undefined
 
   const reads = {
-    runsRead: (q: RunsQuery = {}, signal?: AbortSignal) => read<RunList>(`/api/runs${query({ status: statusParam(q.status), limit: q.limit, cursor: q.cursor })}`, signal),
+    runsRead: (q: RunsQuery = {}, signal?: AbortSignal) => read<RunList>(`/api/runs${query({ status: statusParam(q.status), blocked: q.blocked === true ? 'true' : undefined, limit: q.limit, cursor: q.cursor })}`, signal),
     runRead: (runId: string, signal?: AbortSignal) => read<RunDetailEnvelope>(`/api/runs/${id(runId)}`, signal),
     tasksRead: (runId: string, q: PageQuery = {}, signal?: AbortSignal) => read<TaskList>(`/api/runs/${id(runId)}/tasks${query({ limit: q.limit, cursor: q.cursor })}`, signal),
+    taskRead: (runId: string, taskId: string, signal?: AbortSignal) => read<TaskDetailEnvelope>(`/api/runs/${id(runId)}/tasks/${id(taskId)}`, signal),
     blockedRead: (runId: string, signal?: AbortSignal) => read<BlockedTaskList>(`/api/runs/${id(runId)}/blocked`, signal),
     threadRead: (threadId: string, signal?: AbortSignal) => read<ThreadDetailEnvelope>(`/api/threads/${id(threadId)}`, signal),
     eventsRead: (q: EventsQuery = {}, signal?: AbortSignal) => read<EventList>(`/api/events${query({ after_event_id: q.after_event_id, run_id: q.run_id || undefined, thread_id: q.thread_id || undefined, limit: q.limit })}`, signal)
@@ -351,6 +354,7 @@ export function createReader (options: ClientOptions) {
     runs: (q?: RunsQuery, signal?: AbortSignal) => body(reads.runsRead(q, signal)),
     run: (runId: string, signal?: AbortSignal) => body(reads.runRead(runId, signal)),
     tasks: (runId: string, q?: PageQuery, signal?: AbortSignal) => body(reads.tasksRead(runId, q, signal)),
+    task: (runId: string, taskId: string, signal?: AbortSignal) => body(reads.taskRead(runId, taskId, signal)),
     blocked: (runId: string, signal?: AbortSignal) => body(reads.blockedRead(runId, signal)),
     thread: (threadId: string, signal?: AbortSignal) => body(reads.threadRead(threadId, signal)),
     events: (q?: EventsQuery, signal?: AbortSignal) => body(reads.eventsRead(q, signal)),

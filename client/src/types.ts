@@ -110,6 +110,28 @@ export interface ThreadDetail {
   messages: Array<Message>
 }
 
+/** A task (every field of Task) with its attempts and threads */
+export interface TaskDetail {
+  run_id: string
+  task_id: string
+  title: string
+  summary: string
+  status: string
+  default_to?: string
+  priority: string
+  /** Acceptance criteria, raw JSON as stored */
+  acceptance_json: unknown
+  latest_attempt_no?: number
+  /** RFC 3339, UTC, microseconds: 2026-11-21T09:28:40.123456Z */
+  created_at: string
+  /** RFC 3339, UTC, microseconds: 2026-11-21T09:28:40.123456Z */
+  updated_at: string
+  /** Every attempt of the task, newest first: attempt_no desc */
+  attempts: Array<TaskAttempt>
+  /** Every thread of the task, newest first: created_at desc, then thread_id desc */
+  threads: Array<Thread>
+}
+
 /** A task in status `blocked`, its latest attempt, and the newest `question` message of that attempt's thread */
 export interface BlockedTask {
   task: Task
@@ -149,7 +171,7 @@ export interface Event {
 
 export interface ErrorEnvelope {
   error: {
-    /** not_found, bad_request, unauthorized, unavailable or internal */
+    /** One of not_found, bad_request, unauthorized, unavailable, cursor_expired, method_not_allowed, internal */
     code: string
     /** Human-readable explanation */
     message: string
@@ -167,6 +189,10 @@ export interface RunList {
 
 export interface RunDetailEnvelope {
   run: RunDetail
+}
+
+export interface TaskDetailEnvelope {
+  task: TaskDetail
 }
 
 export interface TaskList {

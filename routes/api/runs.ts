@@ -1,8 +1,8 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify'
-import { getRunDetail, listBlockedTasks, listRunTasks, listRuns, type PageKey, type PagedBody } from '../../db/queries.js'
+import { getRunDetail, getTaskDetail, listBlockedTasks, listRunTasks, listRuns, type PageKey, type PagedBody } from '../../db/queries.js'
 import { invalidParameter, notFound } from '../../errors.js'
-import { CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageKeyParam, PageQuery, parseLimit, parseStatuses, readResponse, RunParams, RunsQuery } from '../../schemas/api.js'
+import { CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageKeyParam, PageQuery, parseLimit, parseStatuses, readResponse, RunParams, RunsQuery, TaskParams, taskNotFoundErrors } from '../../schemas/api.js'
 
 // ---- keyset paging (docs/reference.md, "Ordering and pages") -----------------------------------
 
@@ -80,7 +80,7 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
       operationId: 'listRuns',
       tags: ['runs'],
       summary: 'Runs, newest first, each with its task counts',
-      description: `Newest first (created_at desc, run_id desc). Without \`limit\`, at most ${RUN_LIST_DEFAULT_LIMIT} runs (RUN_LIST_DEFAULT_LIMIT); a Link rel="next" header is sent whenever more remain, keeping \`status\`.`,
+      description: `Newest first (created_at desc, run_id desc). Without \`limit\`, at most ${RUN_LIST_DEFAULT_LIMIT} runs (RUN_LIST_DEFAULT_LIMIT); a Link rel="next" header is sent whenever more remain, keeping \`status\` and \`blocked\`.`,
       querystring: RunsQuery,
       headers: ConditionalHeaders,
       response: { 200: readResponse('RunList', 'The runs, newest first', CACHE_CONTROL_DOCS.state), ...notModified, ...commonErrors }
@@ -89,8 +89,12 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const limit = parseLimit(request.query.limit) ?? RUN_LIST_DEFAULT_LIMIT
     const after = request.query.cursor === undefined ? undefined : decodePageKey(request.query.cursor)
     const statuses = parseStatuses(request.query.status)
-    const page = await listRuns(app.dbPool, { limit, after, statuses }, await app.events.ready())
-    return sendPage(request, reply, page, limit, statuses === undefined ? {} : { status: statuses.join(',') })
+    const blocked = request.query.blocked === 'true'
+    const page = await listRuns(app.dbPool, { limit, after, statuses, blocked }, await app.events.ready())
+    return sendPage(request, reply, page, limit, {
+      ...(statuses === undefined ? {} : { status: statuses.join(',') }),
+      ...(blocked ? { blocked: 'true' } : {})
+    })
   })
 
   app.get('/runs/:runID', {
@@ -127,6 +131,24 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const page = await listRunTasks(app.dbPool, request.params.runID, { limit, after }, await app.events.ready())
     if (page === undefined) throw notFound('run')
     return sendPage(request, reply, page, limit)
+  })
+
+  app.get('/runs/:runID/tasks/:taskID', {
+    schema: {
+      operationId: 'getTaskDetail',
+      tags: ['runs'],
+      summary: 'A task with all its attempts and threads, from one snapshot',
+      description: 'Every field of the task, its attempts (attempt_no desc) and its threads (created_at desc, then thread_id desc; each thread\'s messages: getThreadDetail).',
+      params: TaskParams,
+      headers: ConditionalHeaders,
+      response: { 200: readResponse('TaskDetailEnvelope', 'The task in detail', CACHE_CONTROL_DOCS.state), ...notModified, ...taskNotFoundErrors }
+    }
+  }, async (request, reply) => {
+    const { runID, taskID } = request.params
+    const detail = await getTaskDetail(app.dbPool, runID, taskID, await app.events.ready())
+    if (detail === 'no run') throw notFound('run')
+    if (detail === 'no task') throw notFound('task')
+    return reply.sendRead(detail)
   })
 
   app.get('/runs/:runID/blocked', {
