@@ -51,6 +51,8 @@ t.test('the runs list: every run with its counts, linking to its detail', async 
   const row = page.locator('tr[data-run="run-ui"]')
   t.match(await row.textContent(), /Migrate billing to the new ledger/)
   t.match(await row.locator('.legend').textContent(), /1 blocked · 1 done · 1 running/)
+  t.equal(await row.locator('.waiting').textContent(), '1 waiting for an answer')
+  t.equal(await page.locator('input[name="status"]').getAttribute('placeholder'), 'e.g. running', 'the status filter suggests a status the runs have')
   await screenshot(page, 'runs')
   await row.locator('a').click()
   await page.locator('h1', { hasText: 'Migrate billing' }).waitFor()

@@ -1,6 +1,6 @@
 /*
  * The reference client of the API, on ocp-api-client: a runs list (status
- * filter, paging), a run detail, a thread timeline and the latest activity,
+ * and "needs an answer" filters, paging), a run detail, a thread timeline and the latest activity,
  * each kept live by the client's list-then-watch (it refetches what it shows
  * on events and starts over by itself on 410 cursor_expired). This file
  * draws, and signs in when the service needs a token (the end of the file).
@@ -83,51 +83,71 @@ function artifactList (artifacts: Artifact[] | undefined): HTMLElement | null {
 
 // ---- pages ---------------------------------------------------------------
 
-/** The run list's address: `#/?status=a,b&cursor=K`, K the page key (the API's `cursor` parameter); the first page without one. */
-interface RunsView { status: string, pageKey?: string }
+/**
+ * The run list's address: `#/?status=a,b&blocked=true&cursor=K`, K the
+ * page key (the API's `cursor` parameter); the first page without one.
+ */
+interface RunsView { status: string, blocked: boolean, pageKey?: string }
 const RUNS_PAGE_SIZE = 50 // ui/index.html preloads the first page at this size: change both together
 function runsHref (view: RunsView): string {
   const query = new URLSearchParams()
   if (view.status !== '') query.set('status', view.status)
+  if (view.blocked) query.set('blocked', 'true')
   if (view.pageKey !== undefined) query.set('cursor', view.pageKey)
   const text = query.toString()
   return text === '' ? '#/' : `#/?${text}`
 }
 
-function statusFilter (view: RunsView, seen: string[]): HTMLElement {
-  const input = h('input', { name: 'status', value: view.status, placeholder: 'e.g. running,blocked', 'aria-describedby': 'status-hint' }) as HTMLInputElement
+function runsFilter (view: RunsView, seen: string[]): HTMLElement {
+  // An example from the statuses of the runs shown: never one no run has.
+  const input = h('input', { name: 'status', value: view.status, placeholder: seen.length === 0 ? 'one status, or several' : `e.g. ${seen.slice(0, 2).join(',')}`, 'aria-describedby': 'status-hint' }) as HTMLInputElement
+  const needsAnswer = h('input', { type: 'checkbox', name: 'blocked' }) as HTMLInputElement
+  needsAnswer.checked = view.blocked
   const form = h('form', { class: 'filter', role: 'search' },
-    h('label', {}, 'Status ', input), ' ', h('button', { type: 'submit' }, 'Filter'),
-    view.status === '' ? null : h('a', { href: runsHref({ status: '' }), class: 'clear' }, 'all runs'),
+    h('label', {}, 'Status ', input), ' ', h('button', { type: 'submit' }, 'Filter'), ' ',
+    h('label', { class: 'check' }, needsAnswer, ' Needs an answer'),
+    view.status === '' && !view.blocked ? null : h('a', { href: runsHref({ status: '', blocked: false }), class: 'clear' }, 'all runs'),
     h('p', { id: 'status-hint', class: 'legend' }, 'One status or several, separated by commas. On this page: ',
-      ...seen.flatMap((status, i) => [i > 0 ? ', ' : '', h('a', { href: runsHref({ status }) }, status)])))
+      ...seen.flatMap((status, i) => [i > 0 ? ', ' : '', h('a', { href: runsHref({ status, blocked: view.blocked }) }, status)]),
+      '. Needs an answer: runs with a blocked task.'))
+  const apply = () => {
+    location.hash = runsHref({ status: input.value.split(',').map((item) => item.trim()).filter(Boolean).join(','), blocked: needsAnswer.checked })
+  }
   form.addEventListener('submit', (event) => {
     event.preventDefault()
-    location.hash = runsHref({ status: input.value.split(',').map((item) => item.trim()).filter(Boolean).join(',') })
+    apply()
   })
+  // A checkbox filters at once, as a list's filter chips do.
+  needsAnswer.addEventListener('change', apply)
   return form
 }
 
 function renderRuns (view: RunsView, data: RunList, next: string | undefined): HTMLElement {
   const seen = [...new Set(data.runs.map((item) => item.run.status))].sort()
   const paging = h('nav', { class: 'paging', 'aria-label': 'Pages' },
-    view.pageKey === undefined ? null : h('a', { href: runsHref({ status: view.status }), rel: 'first' }, '« Newest'),
-    next === undefined ? null : h('a', { href: runsHref({ status: view.status, pageKey: next }), rel: 'next' }, 'Older runs »'))
-  const title = h('h1', {}, view.status === '' ? 'Runs' : `Runs: ${view.status.split(',').join(', ')}`)
-  if (data.runs.length === 0) return h('div', {}, title, statusFilter(view, seen), h('p', { class: 'empty' }, view.status === '' ? 'No runs yet.' : 'No runs in this status.'), paging)
+    view.pageKey === undefined ? null : h('a', { href: runsHref({ status: view.status, blocked: view.blocked }), rel: 'first' }, '« Newest'),
+    next === undefined ? null : h('a', { href: runsHref({ status: view.status, blocked: view.blocked, pageKey: next }), rel: 'next' }, 'Older runs »'))
+  const which = [view.status === '' ? '' : view.status.split(',').join(', '), view.blocked ? 'needing an answer' : ''].filter(Boolean).join(', ')
+  const title = h('h1', {}, which === '' ? 'Runs' : `Runs: ${which}`)
+  if (data.runs.length === 0) {
+    const empty = view.blocked ? 'No run is waiting for an answer.' : view.status === '' ? 'No runs yet.' : 'No runs in this status.'
+    return h('div', {}, title, runsFilter(view, seen), h('p', { class: 'empty' }, empty), paging)
+  }
   return h('div', {},
     title,
-    statusFilter(view, seen),
+    runsFilter(view, seen),
     h('table', {},
       h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Run'), h('th', { scope: 'col' }, 'Status'), h('th', { scope: 'col' }, 'Tasks'),
         h('th', { scope: 'col', class: 'hide-narrow' }, 'Total'), h('th', { scope: 'col', class: 'hide-narrow' }, 'Started'))),
-      h('tbody', {}, ...data.runs.map((item) => h('tr', { 'data-run': item.run.run_id },
-        h('td', {}, h('a', { href: runHref(item.run.run_id) }, item.run.goal || item.run.run_id), h('div', { class: 'id' }, item.run.run_id)),
-        h('td', {}, statusBadge(item.run.status)),
-        h('td', {}, countsBar(item.task_counts, item.total_tasks)),
-        h('td', { class: 'hide-narrow' }, item.total_tasks),
-        h('td', { class: 'hide-narrow' }, time(item.run.created_at))
-      )))),
+      h('tbody', {}, ...data.runs.map((item) => {
+        const waiting = item.task_counts.blocked ?? 0
+        return h('tr', { 'data-run': item.run.run_id },
+          h('td', {}, h('a', { href: runHref(item.run.run_id) }, item.run.goal || item.run.run_id), h('div', { class: 'id' }, item.run.run_id)),
+          h('td', {}, statusBadge(item.run.status)),
+          h('td', {}, countsBar(item.task_counts, item.total_tasks), waiting === 0 ? null : h('p', { class: 'waiting' }, `${waiting} waiting for an answer`)),
+          h('td', { class: 'hide-narrow' }, item.total_tasks),
+          h('td', { class: 'hide-narrow' }, time(item.run.created_at)))
+      }))),
     paging)
 }
 
@@ -278,9 +298,9 @@ function mount (hash: string): Live {
     return mountActivity(main, onStatus, updated)
   }
   const params = new URLSearchParams(hash.replace(/^#\/?\??/, ''))
-  const view: RunsView = { status: params.get('status') ?? '', ...(params.get('cursor') ? { pageKey: params.get('cursor')! } : {}) }
+  const view: RunsView = { status: params.get('status') ?? '', blocked: params.get('blocked') === 'true', ...(params.get('cursor') ? { pageKey: params.get('cursor')! } : {}) }
   document.title = 'Runs · Control plane'
-  return client.liveRuns({ status: view.status, limit: RUNS_PAGE_SIZE, ...(view.pageKey === undefined ? {} : { cursor: view.pageKey }) },
+  return client.liveRuns({ status: view.status, limit: RUNS_PAGE_SIZE, ...(view.blocked ? { blocked: true } : {}), ...(view.pageKey === undefined ? {} : { cursor: view.pageKey }) },
     (body, read) => drawn(renderRuns(view, body, read.next)), { onStatus, onError })
 }
 
