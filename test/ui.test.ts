@@ -142,7 +142,8 @@ t.test('the page recovers after the service restarts', async (t) => {
 
 t.test('the page recovers by itself when the history has moved past its cursor (410 cursor_expired)', async (t) => {
   const first = await serve(t)
-  const page = await openPage(t, `${first.url}/#/runs/run-ui`, { expectedConsole: [SERVICE_RESTART, /Failed to load resource: the server responded with a status of 410 .*\/api\/events\/stream\?/] })
+  // Refused twice: the stream, and the run's events from the first (its timeline), which then start from the oldest kept.
+  const page = await openPage(t, `${first.url}/#/runs/run-ui`, { expectedConsole: [SERVICE_RESTART, /Failed to load resource: the server responded with a status of 410 .*\/api\/events(\/stream)?\?/] })
   const refused: string[] = []
   page.on('response', (response) => { if (response.status() === 410) refused.push(response.url()) })
   await first.app.close()
@@ -155,7 +156,7 @@ t.test('the page recovers by itself when the history has moved past its cursor (
   await serve(t, first.port)
   await page.locator('tr[data-task="task-rounding"] .task-status', { hasText: 'failed' }).waitFor({ timeout: READY_MS })
   await page.locator('.live.is-live').waitFor({ timeout: READY_MS })
-  t.match(refused, [/\/api\/events\/stream\?run_id=run-ui&after_event_id=\d+$/], 'its stream was refused with 410')
+  t.match(refused, [/\/api\/events\/stream\?run_id=run-ui&after_event_id=\d+$/, /\/api\/events\?after_event_id=0&run_id=run-ui&limit=1000$/], 'its stream was refused with 410, then the events before the history kept')
   t.pass('it refetched the run, and is live again')
   await commitTaskStatus('task-rounding', 'blocked')
   await page.locator('tr[data-task="task-rounding"] .task-status', { hasText: 'blocked' }).waitFor({ timeout: LIVE_WITHIN_MS })
