@@ -2,14 +2,15 @@ import type { Page } from 'playwright-core'
 import { sql } from 'kysely'
 import t from 'tap'
 import { serve } from './helpers/app.js'
-import { openPage, screenshot } from './helpers/browser.js'
+import { openPage, READY_MS, screenshot } from './helpers/browser.js'
 import { insertGraph, json, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
 import { insertEvents } from './helpers/sse.js'
 
 // The run page a team lives in, in Chromium: what failed and what waits at
 // the top, one click from its thread; each task's story (its attempts and
 // threads) on a page of its own; the run's timeline drawn from its events,
-// live; and the status colours.
+// live; the status colours; and a page for something unknown that says so
+// and stops.
 
 const LIVE_WITHIN_MS = 2000
 const RUN = 'run-team'
@@ -264,4 +265,22 @@ t.test('status colours as CI pages use them, each known status its own, every wo
   t.equal(new Set(badges.map((badge) => badge.background)).size, badges.length, 'each status its own colour, none the unknown\'s grey')
   const grey = badges.at(-1)!
   t.ok(chroma(grey.color) < 0.1 && chroma(grey.background) < 0.05, `an unknown status: neutral grey (${grey.color} on ${grey.background})`)
+})
+
+t.test('an unknown run, task or thread: the page says so, and stops connecting', async (t) => {
+  const { url } = await serve(t, config)
+  for (const [path, said] of [['#/runs/run-nobody', /run not found/i], [`#/runs/${RUN}/tasks/task-nobody`, /task not found/i], ['#/threads/thread-nobody', /thread not found/i]] as const) {
+    const requests: string[] = []
+    const page = await openPage(t, `${url}/${path}`, {
+      readySelector: 'main .error',
+      expectedConsole: [/status of 404/],
+      beforeGoto: (page) => page.on('request', (request) => { requests.push(request.url()) })
+    })
+    t.match(await page.locator('main .error').textContent(), said, `${path}: says what is unknown`)
+    await page.locator('.live.is-stopped').waitFor({ timeout: READY_MS })
+    t.equal(await page.locator('.live').textContent(), 'Not found · not live', `${path}: the header no longer says Connecting…`)
+    const asked = requests.length
+    await page.waitForTimeout(1500)
+    t.equal(requests.length, asked, `${path}: and nothing more is asked for`)
+  }
 })

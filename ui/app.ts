@@ -540,13 +540,14 @@ function mountActivity (main: HTMLElement, onStatus: (status: StreamStatus) => v
 // ---- routing: the address is the page --------------------------------------
 
 const live = document.getElementById('live')!
-function showLive (status: StreamStatus | { state: 'down', text: string }) {
+/** The header's word on the page's connection; `stopped`: the page reads no more (an unknown run, say), and says why. */
+function showLive (status: StreamStatus | { state: 'down' | 'stopped', text: string }) {
   const text = 'text' in status ? status.text
     : status.state === 'live' ? `Live · updated ${new Date().toLocaleTimeString()}`
       : status.state === 'connecting' ? 'Connecting…'
         : status.error === undefined ? 'Reconnecting…' : `Offline · retrying… (${status.error.detail})`
   live.textContent = text
-  live.className = `live${status.state === 'live' ? ' is-live' : status.state === 'retrying' || status.state === 'down' ? ' is-down' : ''}`
+  live.className = `live${status.state === 'live' ? ' is-live' : status.state === 'retrying' || status.state === 'down' ? ' is-down' : status.state === 'stopped' ? ' is-stopped' : ''}`
 }
 
 /** Shows the page of `hash` and keeps it current; returns how to stop. */
@@ -558,6 +559,8 @@ function mount (hash: string): Live {
       refused(error)
       return
     }
+    // The page reads no more: the header says so, rather than connecting for good.
+    showLive({ state: 'stopped', text: error.status === 404 ? 'Not found · not live' : `Stopped · ${error.detail}` })
     main.replaceChildren(h('p', { class: 'crumbs' }, h('a', { href: '#/' }, '← All runs')), h('h1', {}, document.title.split(' · ')[0]!), h('p', { class: 'error' }, error.detail))
   }
   // Each new snapshot (or event, on the activity page) is drawn at once; the indicator says when it was read.
