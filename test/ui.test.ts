@@ -75,12 +75,15 @@ t.test('the run detail reflects a committed status change within 2 s, without re
 
   const navigations: string[] = []
   page.on('framenavigated', (frame) => navigations.push(frame.url()))
+  await page.locator('tr[data-task="task-schema"]').evaluate((row) => row.setAttribute('data-drawn-first', ''))
   const started = Date.now()
   await commitTaskStatus('task-backfill', 'done')
   await page.locator('tr[data-task="task-backfill"] .task-status', { hasText: 'done' }).waitFor({ timeout: LIVE_WITHIN_MS })
   t.ok(Date.now() - started <= LIVE_WITHIN_MS, `shown after ${Date.now() - started} ms`)
   t.match(await page.locator('.legend').first().textContent(), /2 done/)
   t.same(navigations, [], 'no reload')
+  t.equal(await page.locator('tr[data-task="task-schema"][data-drawn-first]').count(), 1, 'the row of a task that did not change is left as it was')
+  t.same(await page.locator('tr[data-task]').evaluateAll((rows) => rows.map((row) => row.getAttribute('data-task'))), ['task-schema', 'task-backfill', 'task-rounding'], 'and the rows keep their order')
 })
 
 t.test('a refetch revalidates: the browser sends its ETag, and an unchanged run detail comes back 304', async (t) => {
