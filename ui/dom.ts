@@ -45,9 +45,10 @@ export function age (iso: string): string {
 /** A relative time ("12 s ago"), kept current by keepTimesCurrent; the exact one on hover. */
 export const time = (iso: string) => h('time', { datetime: iso, title: iso }, age(iso))
 
-/** A duration in its two largest units: "4 s", "2 min 5 s", "3 h 10 min". */
+/** A duration in its two largest units: "120 ms", "4 s", "2 min 5 s", "3 h 10 min". */
 export function duration (ms: number): string {
-  const seconds = Math.max(0, Math.round(ms / 1000))
+  if (ms < 1000) return `${Math.max(0, Math.round(ms))} ms`
+  const seconds = Math.round(ms / 1000)
   if (seconds < 60) return `${seconds} s`
   if (seconds < 3600) return `${Math.floor(seconds / 60)} min${seconds % 60 === 0 ? '' : ` ${seconds % 60} s`}`
   const minutes = Math.floor(seconds / 60)

@@ -31,8 +31,8 @@ export function phaseOf (event: Event): string | undefined {
 
 /** The lanes' room to the right of the latest event, as a share of the span: live events fill it before the lanes are rescaled. */
 const HEADROOM = 0.1
-/** The shortest span drawn, in ms: the first events of a run are not stretched across the page. */
-const MIN_SPAN_MS = 10_000
+/** The shortest span drawn, in ms: a run's first events are not stretched across the page, and a span is never empty. */
+const MIN_SPAN_MS = 100
 
 interface Phase { status: string, at: number, summary: string, title: SVGElement }
 
