@@ -273,8 +273,8 @@ async function runEventsUntil (runId: string, cursor: number, signal: AbortSigna
         after = last.event_id
       }
     } catch (error) {
-      // The history's floor passed a later page (retention at work): start over. Else as the client's own reads do.
-      if (signal.aborted || !(error instanceof ApiError) || (error.terminal && !(error instanceof CursorExpired))) throw error
+      if (signal.aborted || !(error instanceof ApiError) || error.terminal) throw error
+      // A 410 here: the history's floor passed a later page (retention at work), so start over at once; else as the client's own reads do.
       if (!(error instanceof CursorExpired)) await delay(backoff(attempt, 500, 10_000), signal)
     }
   }
