@@ -69,6 +69,27 @@ export const ACCEPTS = 'x-accepts'
 /** A parameter that is wrong: the sentence of its schema (ACCEPTS). */
 export const invalidParameter = (schema: object) => badRequest((schema as Record<string, string>)[ACCEPTS]!)
 
+/** The longest part of a client's parameter name that a message repeats. */
+const MAX_NAME_SHOWN = 100
+
+/**
+ * A query parameter the route does not take (a misspelt filter would
+ * otherwise widen the answer silently): named, with what the route takes.
+ */
+export function unknownParameter (name: string, accepted: readonly string[]): ApiError {
+  const shown = JSON.stringify(name.length > MAX_NAME_SHOWN ? `${name.slice(0, MAX_NAME_SHOWN)}…` : name)
+  return badRequest(accepted.length === 0
+    ? `unknown query parameter ${shown}: this route takes no query parameters`
+    : `unknown query parameter ${shown}: this route accepts ${accepted.join(', ')}`)
+}
+
+/** A write to a path of the read-only API: `allowed` is what the path serves (none when no route serves it). */
+export function methodNotAllowed (method: string, allowed: readonly string[]): ApiError {
+  return new ApiError('method_not_allowed', allowed.length === 0
+    ? `${method} is not allowed: the API is read-only, and no route serves this path`
+    : `${method} is not allowed: the API is read-only (this path answers ${allowed.join(', ')}); the orchestrator writes the state it serves`)
+}
+
 /** An event cursor (`name`) below the history's floor: events after it are gone (docs/reference.md, "Event history"). */
 export const cursorExpired = (name: string, cursor: number, floor: number) => new ApiError('cursor_expired',
   `${name} ${cursor} is older than the event history kept (events up to ${floor} are gone): refetch what you show, then resume from the X-Event-Cursor of that read`)

@@ -1,7 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { sql } from 'kysely'
 import { Type } from 'typebox'
-import { errorResponse } from '../schemas/api.js'
+import { commonErrors, errorResponse } from '../schemas/api.js'
 
 const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
   // Liveness only: it answers while the process does, whatever the database
@@ -11,7 +11,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       operationId: 'getHealth',
       tags: ['operations'],
       summary: 'Liveness: the process is up',
-      response: { 200: Type.Ref('Health', { description: 'The process is up' }) }
+      response: { 200: Type.Ref('Health', { description: 'The process is up' }), 400: commonErrors[400] }
     }
   }, async () => ({ status: 'ok' as const }))
 
@@ -23,6 +23,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       summary: 'Readiness: the database answers and the process is not shutting down',
       response: {
         200: Type.Object({ status: Type.Literal('ready') }, { additionalProperties: false, description: 'Ready for traffic' }),
+        400: commonErrors[400],
         503: errorResponse('`unavailable`: the database does not answer, or the process is shutting down')
       }
     }

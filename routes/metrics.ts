@@ -1,6 +1,6 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
-import { errorResponse } from '../schemas/api.js'
+import { commonErrors, errorResponse } from '../schemas/api.js'
 
 const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get('/metrics', {
@@ -10,6 +10,7 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       summary: 'Prometheus metrics (text exposition format)',
       response: {
         200: { description: 'Prometheus text format', content: { 'text/plain': { schema: Type.String() } } },
+        400: commonErrors[400],
         401: errorResponse('`unauthorized`: a missing, unknown, expired or refused token (only when authentication is on)')
       }
     }

@@ -244,7 +244,7 @@ export const errorResponse = (description: string) => Type.Ref('ErrorEnvelope', 
 
 /** The error responses every /api route can give, besides its own 404. */
 export const commonErrors = {
-  400: errorResponse('`bad_request`: a malformed parameter or URL'),
+  400: errorResponse('`bad_request`: a malformed parameter or URL, or a query parameter the route does not take'),
   401: errorResponse('`unauthorized`: a missing, unknown, expired or refused token (only when authentication is on); WWW-Authenticate says why'),
   500: errorResponse('`internal`: an unexpected failure (a bug)'),
   503: errorResponse('`unavailable`: the database is unreachable or too slow, or the service is overloaded or shutting down')

@@ -1,4 +1,5 @@
 import { Type, type TObject } from 'typebox'
+import { ErrorCodes } from '../errors.js'
 import { eventTypeNames } from './event-types.js'
 
 /*
@@ -141,7 +142,7 @@ export const RunDetail = Type.Object({
 
 export const ErrorEnvelope = Type.Object({
   error: Type.Object({
-    code: Type.String({ description: 'not_found, bad_request, unauthorized, unavailable or internal' }),
+    code: Type.String({ description: `One of ${Object.keys(ErrorCodes).join(', ')}` }),
     message: Type.String({ description: 'Human-readable explanation' })
   }, { additionalProperties })
 }, { $id: 'ErrorEnvelope', additionalProperties })

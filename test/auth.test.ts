@@ -27,6 +27,7 @@ const DOORS: Array<{ method: 'GET' | 'HEAD', url: string, stream?: { run_id?: st
   { method: 'GET', url: '/api/runs' },
   { method: 'GET', url: '/api/runs/door-r1' },
   { method: 'GET', url: '/api/runs/door-r1/tasks' },
+  { method: 'GET', url: '/api/runs/door-r1/tasks/door-task' },
   { method: 'GET', url: '/api/runs/door-r1/blocked' },
   { method: 'GET', url: '/api/threads/door-t1' },
   { method: 'GET', url: '/api/events' },
@@ -77,7 +78,7 @@ t.test('every door: each way in that must fail answers 401 with the envelope and
   const document = JSON.parse((await app.inject('/openapi.json')).body) as { paths: Record<string, Record<string, unknown>> }
   const documented = Object.entries(document.paths).flatMap(([path, operations]) => Object.keys(operations).filter((method) => method === 'get' || method === 'head')
     .map((method) => `${method.toUpperCase()} ${path}`)).filter((door) => door !== 'GET /api/auth' && /\/api\/|\/metrics/.test(door)).sort()
-  const listed = [...new Set(DOORS.filter((door) => door.method === 'GET').map((door) => `${door.method} ${door.url.split('?')[0]!.replace('door-r1', '{runID}').replace('door-t1', '{threadID}')}`))].sort()
+  const listed = [...new Set(DOORS.filter((door) => door.method === 'GET').map((door) => `${door.method} ${door.url.split('?')[0]!.replace('door-r1', '{runID}').replace('door-task', '{taskID}').replace('door-t1', '{threadID}')}`))].sort()
   t.same(listed, documented, 'the doors tried are all the protected routes (and the HEAD of each Durable Streams route)')
 
   const anotherRun = await app.streamTokens.sign({ run_id: 'door-r2' })

@@ -66,9 +66,9 @@ t.test('an id longer than the routed maximum is 404 without a query', async (t) 
   t.equal(res.json().error.code, 'not_found')
 })
 
-t.test('unknown routes and methods answer 404 not_found', async (t) => {
+t.test('unknown routes and methods answer 404 not_found (a write to /api: 405, test/strict-requests.test.ts)', async (t) => {
   const app = await build(t)
-  for (const [method, url] of [['GET', '/nope'], ['GET', '/api'], ['GET', '/api/run'], ['GET', '/api/runs/x/y/z'], ['POST', '/api/runs'], ['DELETE', '/api/runs/a%2Fb'], ['PUT', '/health']] as const) {
+  for (const [method, url] of [['GET', '/nope'], ['GET', '/api'], ['GET', '/api/run'], ['GET', '/api/runs/x/y/z'], ['PUT', '/health'], ['POST', '/']] as const) {
     const res = await app.inject({ method, url })
     t.equal(res.statusCode, 404, `${method} ${url}`)
     t.same(res.json(), { error: { code: 'not_found', message: 'route not found' } })

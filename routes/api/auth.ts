@@ -20,6 +20,7 @@ const authRoutes: FastifyPluginAsyncTypebox = async (app) => {
       description: 'Never needs a token. `sign_in` names the identity provider the web UI signs in with (authorization code with PKCE), when AUTH_ISSUERS gives one a ui_client_id.',
       response: {
         200: { ...Type.Ref('AuthInfo', { description: 'How to authenticate' }), headers: { 'cache-control': Type.String({ description: '`no-store`' }) } },
+        400: commonErrors[400],
         500: commonErrors[500],
         503: errorResponse('`unavailable`: the identity provider\'s discovery document could not be fetched')
       }

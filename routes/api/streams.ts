@@ -209,8 +209,6 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     }
   })
 
-  const notAllowed = new ApiError('method_not_allowed', 'this stream is read-only (GET and HEAD): the orchestrator writes the event log, never a client')
-
   for (const stream of STREAMS) {
     const params = stream.params === undefined ? {} : { params: stream.params }
     // Not async itself: read's own promise is the answer (one async frame less for each request of a crowd).
@@ -219,7 +217,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
       exposeHeadRoute: false,
       sse: { kind: 'manual' },
       // A transient refusal of an SSE read is answered as a retry, as on the event stream.
-      config: { plainHandler: handler, eventStream: readsSse, streamScope: (request) => streamScope(stream.filter(request.params as Record<string, string>)) },
+      config: { plainHandler: handler, eventStream: readsSse, ignoresUnknownQuery: true, streamScope: (request) => streamScope(stream.filter(request.params as Record<string, string>)) },
       schema: {
         operationId: `readDurableStream${stream.name}`,
         tags: ['streams'],
@@ -233,7 +231,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     }, handler)
 
     app.head(stream.url, {
-      config: { streamScope: (request) => streamScope(stream.filter(request.params as Record<string, string>)) },
+      config: { ignoresUnknownQuery: true, streamScope: (request) => streamScope(stream.filter(request.params as Record<string, string>)) },
       schema: {
         operationId: `headDurableStream${stream.name}`,
         tags: ['streams'],
@@ -247,25 +245,6 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const page = await events.durable.page('now', filter, 'offset', true)
       return reply.header('stream-next-offset', encodeOffset(page.next)).header('cache-control', NO_STORE)
         .header('cross-origin-resource-policy', 'cross-origin').type(DURABLE_JSON).send()
-    })
-
-    app.route({
-      method: ['POST', 'PUT', 'PATCH', 'DELETE'],
-      url: stream.url,
-      schema: {
-        operationId: `writeDurableStream${stream.name}`,
-        tags: ['streams'],
-        summary: 'Writes are not allowed: 405',
-        ...params,
-        response: { 405: errorResponse('`method_not_allowed`: the stream is read-only') }
-      },
-      // Answered before the body is read or parsed, whatever it is (the protocol's writes carry any type).
-      onRequest: async (_request, reply) => {
-        reply.header('allow', 'GET, HEAD')
-        throw notAllowed
-      },
-      /* c8 ignore next: onRequest always answers first */
-      handler: async () => { throw notAllowed }
     })
   }
 }
