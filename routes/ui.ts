@@ -31,8 +31,9 @@ const PRELOAD_SCRIPT = /\n[ ]*<script>[^<]*<\/script>/
 const BUILT_MODULE = /^(ui|client\/src)\/[a-z-]+\.js$/
 
 /**
- * The web UI (ui/): a runs list, a run detail, a thread timeline and the
- * latest activity, kept live by ocp-api-client. Static files, read once and kept.
+ * The web UI (ui/): a runs list, a run's page (with its timeline), a
+ * task's story, a thread and the latest activity, kept live by
+ * ocp-api-client. Static files, read once and kept.
  */
 const uiRoutes: FastifyPluginAsync = async (app) => {
   const dir = uiDirectory()

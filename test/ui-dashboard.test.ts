@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify'
 import t, { type Test } from 'tap'
 import { build } from './helpers/app.js'
 import { openPage, READY_MS, screenshot } from './helpers/browser.js'
-import { writer } from './helpers/fixtures.js'
+import { insertGraph, makeTask, writer } from './helpers/fixtures.js'
 import { insertEvents } from './helpers/sse.js'
 
 // The web UI as a dashboard over a real control plane's history: 2,000 runs,
@@ -26,6 +26,13 @@ t.before(async () => {
     updated_at: new Date(base + i * 1000)
   }))
   for (let i = 0; i < rows.length; i += 500) await db.insertInto('runs').values(rows.slice(i, i + 500)).execute()
+  // Two runs wait for an answer: one on two tasks, one on one.
+  await insertGraph({
+    tasks: [
+      makeTask({ run_id: 'run-1997', status: 'blocked' }), makeTask({ run_id: 'run-1997', status: 'blocked' }), makeTask({ run_id: 'run-1997', status: 'done' }),
+      makeTask({ run_id: 'run-1001', status: 'blocked' }), makeTask({ run_id: 'run-1002', status: 'running' })
+    ]
+  })
 })
 
 async function serve (t: Test): Promise<{ app: FastifyInstance, url: string }> {
@@ -126,6 +133,38 @@ t.test('the status filter: one status or several, kept in the address through pa
   await page.locator('a.clear').click()
   await page.locator('tr[data-run="run-1999"]').waitFor()
   t.pass('an empty filter says so, and clears')
+})
+
+t.test('runs waiting for an answer: each row says how many tasks wait; "needs an answer" lists only those runs, kept in the address', async (t) => {
+  const { url } = await serve(t)
+  const page = await openPage(t, `${url}/`)
+  await page.locator('tr[data-run="run-1997"]').waitFor()
+  t.equal(await page.locator('tr[data-run="run-1997"] .waiting').textContent(), '2 waiting for an answer')
+  t.equal(await page.locator('tr[data-run="run-1996"] .waiting').count(), 0, 'a run with nothing blocked says nothing')
+  t.equal(await page.locator('input[name="status"]').getAttribute('placeholder'), 'e.g. blocked,done', 'the status filter suggests statuses the runs shown have')
+
+  await page.getByLabel('Needs an answer').check()
+  await page.waitForURL(/#\/\?blocked=true$/)
+  await page.locator('h1', { hasText: 'Runs: needing an answer' }).waitFor()
+  await page.locator('tr[data-run="run-1001"]').waitFor()
+  t.same(await page.locator('tr[data-run]').evaluateAll((rows) => rows.map((row) => row.getAttribute('data-run'))), ['run-1997', 'run-1001'], 'only the runs with a blocked task')
+  t.equal(await page.locator('tr[data-run="run-1001"] .waiting').textContent(), '1 waiting for an answer')
+  t.equal(await page.locator('a[rel="next"]').count(), 0, 'one page')
+  await page.reload()
+  await page.locator('tr[data-run="run-1001"]').waitFor()
+  t.ok(await page.getByLabel('Needs an answer').isChecked(), 'reload keeps the filter')
+
+  await page.locator('input[name="status"]').fill('failed')
+  await page.locator('form.filter button').click()
+  await page.waitForURL(/#\/\?status=failed&blocked=true$/)
+  await page.locator('.empty', { hasText: 'No run is waiting for an answer.' }).waitFor()
+  t.pass('with a status too, both filters hold')
+  await page.goBack()
+  await page.locator('tr[data-run="run-1001"]').waitFor()
+  await page.getByLabel('Needs an answer').uncheck()
+  await page.waitForURL(/#\/$/)
+  await page.locator('tr[data-run="run-1999"]').waitFor()
+  t.pass('and unchecked, every run again')
 })
 
 t.test('the activity page: the latest events across runs, live, each linking to its run or thread', async (t) => {

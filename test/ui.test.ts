@@ -51,6 +51,8 @@ t.test('the runs list: every run with its counts, linking to its detail', async 
   const row = page.locator('tr[data-run="run-ui"]')
   t.match(await row.textContent(), /Migrate billing to the new ledger/)
   t.match(await row.locator('.legend').textContent(), /1 blocked · 1 done · 1 running/)
+  t.equal(await row.locator('.waiting').textContent(), '1 waiting for an answer')
+  t.equal(await page.locator('input[name="status"]').getAttribute('placeholder'), 'e.g. running', 'the status filter suggests a status the runs have')
   await screenshot(page, 'runs')
   await row.locator('a').click()
   await page.locator('h1', { hasText: 'Migrate billing' }).waitFor()
@@ -73,12 +75,15 @@ t.test('the run detail reflects a committed status change within 2 s, without re
 
   const navigations: string[] = []
   page.on('framenavigated', (frame) => navigations.push(frame.url()))
+  await page.locator('tr[data-task="task-schema"]').evaluate((row) => row.setAttribute('data-drawn-first', ''))
   const started = Date.now()
   await commitTaskStatus('task-backfill', 'done')
   await page.locator('tr[data-task="task-backfill"] .task-status', { hasText: 'done' }).waitFor({ timeout: LIVE_WITHIN_MS })
   t.ok(Date.now() - started <= LIVE_WITHIN_MS, `shown after ${Date.now() - started} ms`)
   t.match(await page.locator('.legend').first().textContent(), /2 done/)
   t.same(navigations, [], 'no reload')
+  t.equal(await page.locator('tr[data-task="task-schema"][data-drawn-first]').count(), 1, 'the row of a task that did not change is left as it was')
+  t.same(await page.locator('tr[data-task]').evaluateAll((rows) => rows.map((row) => row.getAttribute('data-task'))), ['task-schema', 'task-backfill', 'task-rounding'], 'and the rows keep their order')
 })
 
 t.test('a refetch revalidates: the browser sends its ETag, and an unchanged run detail comes back 304', async (t) => {
@@ -140,7 +145,8 @@ t.test('the page recovers after the service restarts', async (t) => {
 
 t.test('the page recovers by itself when the history has moved past its cursor (410 cursor_expired)', async (t) => {
   const first = await serve(t)
-  const page = await openPage(t, `${first.url}/#/runs/run-ui`, { expectedConsole: [SERVICE_RESTART, /Failed to load resource: the server responded with a status of 410 .*\/api\/events\/stream\?/] })
+  // Refused twice: the stream, and the run's events from the first (its timeline), which then start from the oldest kept.
+  const page = await openPage(t, `${first.url}/#/runs/run-ui`, { expectedConsole: [SERVICE_RESTART, /Failed to load resource: the server responded with a status of 410 .*\/api\/events(\/stream)?\?/] })
   const refused: string[] = []
   page.on('response', (response) => { if (response.status() === 410) refused.push(response.url()) })
   await first.app.close()
@@ -153,7 +159,7 @@ t.test('the page recovers by itself when the history has moved past its cursor (
   await serve(t, first.port)
   await page.locator('tr[data-task="task-rounding"] .task-status', { hasText: 'failed' }).waitFor({ timeout: READY_MS })
   await page.locator('.live.is-live').waitFor({ timeout: READY_MS })
-  t.match(refused, [/\/api\/events\/stream\?run_id=run-ui&after_event_id=\d+$/], 'its stream was refused with 410')
+  t.match(refused, [/\/api\/events\/stream\?run_id=run-ui&after_event_id=\d+$/, /\/api\/events\?after_event_id=0&run_id=run-ui&limit=1000$/], 'its stream was refused with 410, then the events before the history kept')
   t.pass('it refetched the run, and is live again')
   await commitTaskStatus('task-rounding', 'blocked')
   await page.locator('tr[data-task="task-rounding"] .task-status', { hasText: 'blocked' }).waitFor({ timeout: LIVE_WITHIN_MS })

@@ -1,42 +1,22 @@
 /*
  * The reference client of the API, on ocp-api-client: a runs list (status
- * filter, paging), a run detail, a thread timeline and the latest activity,
- * each kept live by the client's list-then-watch (it refetches what it shows
- * on events and starts over by itself on 410 cursor_expired). This file
- * draws, and signs in when the service needs a token (the end of the file).
+ * and "needs an answer" filters, paging), a run page (what failed or waits,
+ * the counts, a timeline drawn from its events, the tasks, its activity), a
+ * task's story (its attempts and threads), a thread's messages, and the
+ * latest activity, each kept live by the client's list-then-watch (it
+ * refetches what it shows on events and starts over by itself on 410
+ * cursor_expired). This file draws, and signs in when the service needs a
+ * token (the end of the file); dom.ts and timeline.ts are what it draws with.
  */
-import { ApiError, createClient, CursorExpired, type Artifact, type AuthInfo, type Event, type Live, type RunDetailEnvelope, type RunList, type SignIn, type StreamStatus, type ThreadDetailEnvelope } from '../client/src/index.js'
+import { backoff, delay, type EventFilter } from '../client/src/client.js'
+import { ApiError, createClient, CursorExpired, MAX_PAGE_LIMIT, type Artifact, type AuthInfo, type BlockedTask, type Event, type Live, type Read, type RunDetailEnvelope, type RunList, type SignIn, type StreamStatus, type Task, type TaskAttempt, type TaskDetailEnvelope, type ThreadDetailEnvelope } from '../client/src/index.js'
+import { follow } from '../client/src/live.js'
+import { age, h, runHref, statusBadge, statusClass, taskHref, threadHref, time } from './dom.js'
+import { Timeline } from './timeline.js'
 
 // Streams open with a stream token scoped to what they show (when the page holds a token at all): the token the
 // user signed in with never goes in a URL.
 const client = createClient({ url: location.origin, streamTokens: true })
-
-// ---- DOM helpers: text only, never HTML from data ---------------------------
-
-type Child = Node | string | number | null | undefined | false
-function h (tag: string, attributes: Record<string, string> = {}, ...children: Child[]): HTMLElement {
-  const element = document.createElement(tag)
-  for (const [name, value] of Object.entries(attributes)) element.setAttribute(name, value)
-  for (const child of children) {
-    if (child === null || child === undefined || child === false) continue
-    element.append(typeof child === 'number' ? String(child) : child)
-  }
-  return element
-}
-
-const KNOWN_STATUSES = new Set(['done', 'running', 'blocked', 'failed', 'ready'])
-const statusClass = (status: string) => KNOWN_STATUSES.has(status) ? status : 'other'
-/** A status as text (colour only repeats it). */
-const statusBadge = (status: string) => h('span', { class: `status status-${statusClass(status)}` }, status)
-
-function age (iso: string): string {
-  const seconds = Math.max(0, (Date.now() - Date.parse(iso)) / 1000)
-  if (seconds < 60) return `${Math.floor(seconds)} s ago`
-  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ago`
-  if (seconds < 86_400) return `${Math.floor(seconds / 3600)} h ago`
-  return `${Math.floor(seconds / 86_400)} d ago`
-}
-const time = (iso: string) => h('time', { datetime: iso, title: iso }, age(iso))
 
 /**
  * Draws the relative times under `root` again every second (their finest
@@ -53,9 +33,6 @@ function keepTimesCurrent (root: HTMLElement): () => void {
   }, 1000)
   return () => clearInterval(timer)
 }
-
-const runHref = (runId: string) => `#/runs/${encodeURIComponent(runId)}`
-const threadHref = (threadId: string) => `#/threads/${encodeURIComponent(threadId)}`
 
 /** Task counts as a compact bar, with the same counts in words beside it. */
 function countsBar (counts: Record<string, number>, total: number): HTMLElement {
@@ -81,95 +58,466 @@ function artifactList (artifacts: Artifact[] | undefined): HTMLElement | null {
     h('li', {}, h('span', { class: 'id' }, artifact.path), ' ', `(${artifact.kind})`, jsonDetails('metadata', artifact.metadata_json))))
 }
 
-// ---- pages ---------------------------------------------------------------
+// ---- the runs list ----------------------------------------------------------
 
-/** The run list's address: `#/?status=a,b&cursor=K`, K the page key (the API's `cursor` parameter); the first page without one. */
-interface RunsView { status: string, pageKey?: string }
+/**
+ * The run list's address: `#/?status=a,b&blocked=true&cursor=K`, K the
+ * page key (the API's `cursor` parameter); the first page without one.
+ */
+interface RunsView { status: string, blocked: boolean, pageKey?: string }
 const RUNS_PAGE_SIZE = 50 // ui/index.html preloads the first page at this size: change both together
 function runsHref (view: RunsView): string {
   const query = new URLSearchParams()
   if (view.status !== '') query.set('status', view.status)
+  if (view.blocked) query.set('blocked', 'true')
   if (view.pageKey !== undefined) query.set('cursor', view.pageKey)
   const text = query.toString()
   return text === '' ? '#/' : `#/?${text}`
 }
 
-function statusFilter (view: RunsView, seen: string[]): HTMLElement {
-  const input = h('input', { name: 'status', value: view.status, placeholder: 'e.g. running,blocked', 'aria-describedby': 'status-hint' }) as HTMLInputElement
+function runsFilter (view: RunsView, seen: string[]): HTMLElement {
+  // An example from the statuses of the runs shown: never one no run has.
+  const input = h('input', { name: 'status', value: view.status, placeholder: seen.length === 0 ? 'one status, or several' : `e.g. ${seen.slice(0, 2).join(',')}`, 'aria-describedby': 'status-hint' }) as HTMLInputElement
+  const needsAnswer = h('input', { type: 'checkbox', name: 'blocked' }) as HTMLInputElement
+  needsAnswer.checked = view.blocked
   const form = h('form', { class: 'filter', role: 'search' },
-    h('label', {}, 'Status ', input), ' ', h('button', { type: 'submit' }, 'Filter'),
-    view.status === '' ? null : h('a', { href: runsHref({ status: '' }), class: 'clear' }, 'all runs'),
+    h('label', {}, 'Status ', input), ' ', h('button', { type: 'submit' }, 'Filter'), ' ',
+    h('label', { class: 'check' }, needsAnswer, ' Needs an answer'),
+    view.status === '' && !view.blocked ? null : h('a', { href: runsHref({ status: '', blocked: false }), class: 'clear' }, 'all runs'),
     h('p', { id: 'status-hint', class: 'legend' }, 'One status or several, separated by commas. On this page: ',
-      ...seen.flatMap((status, i) => [i > 0 ? ', ' : '', h('a', { href: runsHref({ status }) }, status)])))
+      ...seen.flatMap((status, i) => [i > 0 ? ', ' : '', h('a', { href: runsHref({ status, blocked: view.blocked }) }, status)]),
+      '. Needs an answer: runs with a blocked task.'))
+  const apply = () => {
+    location.hash = runsHref({ status: input.value.split(',').map((item) => item.trim()).filter(Boolean).join(','), blocked: needsAnswer.checked })
+  }
   form.addEventListener('submit', (event) => {
     event.preventDefault()
-    location.hash = runsHref({ status: input.value.split(',').map((item) => item.trim()).filter(Boolean).join(',') })
+    apply()
   })
+  // A checkbox filters at once, as a list's filter chips do.
+  needsAnswer.addEventListener('change', apply)
   return form
 }
 
 function renderRuns (view: RunsView, data: RunList, next: string | undefined): HTMLElement {
   const seen = [...new Set(data.runs.map((item) => item.run.status))].sort()
   const paging = h('nav', { class: 'paging', 'aria-label': 'Pages' },
-    view.pageKey === undefined ? null : h('a', { href: runsHref({ status: view.status }), rel: 'first' }, '« Newest'),
-    next === undefined ? null : h('a', { href: runsHref({ status: view.status, pageKey: next }), rel: 'next' }, 'Older runs »'))
-  const title = h('h1', {}, view.status === '' ? 'Runs' : `Runs: ${view.status.split(',').join(', ')}`)
-  if (data.runs.length === 0) return h('div', {}, title, statusFilter(view, seen), h('p', { class: 'empty' }, view.status === '' ? 'No runs yet.' : 'No runs in this status.'), paging)
+    view.pageKey === undefined ? null : h('a', { href: runsHref({ status: view.status, blocked: view.blocked }), rel: 'first' }, '« Newest'),
+    next === undefined ? null : h('a', { href: runsHref({ status: view.status, blocked: view.blocked, pageKey: next }), rel: 'next' }, 'Older runs »'))
+  const which = [view.status === '' ? '' : view.status.split(',').join(', '), view.blocked ? 'needing an answer' : ''].filter(Boolean).join(', ')
+  const title = h('h1', {}, which === '' ? 'Runs' : `Runs: ${which}`)
+  if (data.runs.length === 0) {
+    const empty = view.blocked ? 'No run is waiting for an answer.' : view.status === '' ? 'No runs yet.' : 'No runs in this status.'
+    return h('div', {}, title, runsFilter(view, seen), h('p', { class: 'empty' }, empty), paging)
+  }
   return h('div', {},
     title,
-    statusFilter(view, seen),
+    runsFilter(view, seen),
     h('table', {},
       h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Run'), h('th', { scope: 'col' }, 'Status'), h('th', { scope: 'col' }, 'Tasks'),
         h('th', { scope: 'col', class: 'hide-narrow' }, 'Total'), h('th', { scope: 'col', class: 'hide-narrow' }, 'Started'))),
-      h('tbody', {}, ...data.runs.map((item) => h('tr', { 'data-run': item.run.run_id },
-        h('td', {}, h('a', { href: runHref(item.run.run_id) }, item.run.goal || item.run.run_id), h('div', { class: 'id' }, item.run.run_id)),
-        h('td', {}, statusBadge(item.run.status)),
-        h('td', {}, countsBar(item.task_counts, item.total_tasks)),
-        h('td', { class: 'hide-narrow' }, item.total_tasks),
-        h('td', { class: 'hide-narrow' }, time(item.run.created_at))
-      )))),
+      h('tbody', {}, ...data.runs.map((item) => {
+        const waiting = item.task_counts.blocked ?? 0
+        return h('tr', { 'data-run': item.run.run_id },
+          h('td', {}, h('a', { href: runHref(item.run.run_id) }, item.run.goal || item.run.run_id), h('div', { class: 'id' }, item.run.run_id)),
+          h('td', {}, statusBadge(item.run.status)),
+          h('td', {}, countsBar(item.task_counts, item.total_tasks), waiting === 0 ? null : h('p', { class: 'waiting' }, `${waiting} waiting for an answer`)),
+          h('td', { class: 'hide-narrow' }, item.total_tasks),
+          h('td', { class: 'hide-narrow' }, time(item.run.created_at)))
+      }))),
     paging)
 }
 
-function renderRun (data: RunDetailEnvelope): HTMLElement {
+// ---- the run page ----------------------------------------------------------
+
+/** A blocked task's card: its attempt, and the question it waits on, one click from its thread. */
+function blockedCard (runId: string, item: BlockedTask): HTMLElement {
+  return h('article', { class: 'card', 'data-blocked': item.task.task_id },
+    h('h3', {}, h('a', { href: taskHref(runId, item.task.task_id) }, item.task.title), ' ', h('span', { class: 'id' }, item.task.task_id)),
+    h('p', { class: 'meta' }, `Attempt ${item.attempt.attempt_no}, assigned to ${item.attempt.assigned_to} · `,
+      h('a', { href: threadHref(item.attempt.thread_id) }, 'open the thread')),
+    h('div', { class: 'question' },
+      h('p', {}, h('strong', {}, 'Question: '), item.question.summary, ' ', h('span', { class: 'meta' }, `from ${item.question.from_agent}, `), time(item.question.created_at)),
+      h('details', {}, h('summary', {}, 'full question'), h('pre', {}, item.question.body)),
+      artifactList(item.question.artifacts)))
+}
+
+/**
+ * A task blocked without an attempt or a question yet: the API leaves it
+ * out of the blocked list (by contract), but it is blocked, and counted so.
+ */
+function blockedWithoutQuestionCard (runId: string, task: Task): HTMLElement {
+  return h('article', { class: 'card', 'data-blocked': task.task_id },
+    h('h3', {}, h('a', { href: taskHref(runId, task.task_id) }, task.title), ' ', h('span', { class: 'id' }, task.task_id)),
+    h('p', { class: 'meta' }, statusBadge('blocked'), ' no question yet ', time(task.updated_at)))
+}
+
+/** A failed task: what it was, what its last event said, one click from its thread (when its events name it). */
+function failedItem (runId: string, task: Task, timeline: Timeline): HTMLElement {
+  const latest = timeline.latestPhase(task.task_id)
+  const thread = timeline.threadOf(task.task_id)
+  return h('li', { class: 'card', 'data-failed': task.task_id },
+    h('h3', {}, statusBadge(task.status), ' ', h('a', { href: taskHref(runId, task.task_id) }, task.title), ' ', h('span', { class: 'id' }, task.task_id)),
+    task.summary === '' ? null : h('p', {}, task.summary),
+    h('p', { class: 'meta' },
+      latest?.status === task.status && latest.summary !== '' ? `${latest.summary} · ` : '',
+      time(task.updated_at), ' · ',
+      thread === undefined ? h('a', { href: taskHref(runId, task.task_id) }, 'open the task') : h('a', { href: threadHref(thread) }, 'open the thread')))
+}
+
+/** The top of the run page: the run, what failed and what waits for an answer, and the counts. */
+function renderRunHead (data: RunDetailEnvelope, timeline: Timeline): HTMLElement {
   const { run, task_counts: counts, total_tasks: total, tasks, blocked_tasks: blocked } = data.run
+  const failed = tasks.filter((task) => task.status === 'failed')
+  const withQuestion = new Set(blocked.map((item) => item.task.task_id))
+  const withoutQuestion = tasks.filter((task) => task.status === 'blocked' && !withQuestion.has(task.task_id))
+  const waiting = blocked.length + withoutQuestion.length
   return h('div', {},
     h('p', { class: 'crumbs' }, h('a', { href: '#/' }, '← All runs')),
     h('h1', {}, run.goal || run.run_id),
     h('p', { class: 'meta' }, 'Status: ', statusBadge(run.status), ' · ', h('span', { class: 'id' }, run.run_id), ' · started ', time(run.created_at), ' · updated ', time(run.updated_at)),
     run.summary ? h('p', {}, run.summary) : null,
+    failed.length === 0 ? null : h('section', { class: 'attention', 'aria-labelledby': 'failed-title' },
+      h('h2', { id: 'failed-title' }, `Failed (${failed.length})`),
+      h('ul', { class: 'cards' }, ...failed.map((task) => failedItem(run.run_id, task, timeline)))),
+    h('section', { class: 'attention', 'aria-labelledby': 'blocked-title' },
+      h('h2', { id: 'blocked-title' }, `Blocked (${waiting})`),
+      waiting === 0
+        ? h('p', { class: 'empty' }, 'No task is waiting on a question.')
+        : h('div', { class: 'cards' },
+          ...blocked.map((item) => blockedCard(run.run_id, item)),
+          ...withoutQuestion.map((task) => blockedWithoutQuestionCard(run.run_id, task)))),
     h('h2', {}, `Tasks by status (${total})`),
-    countsBar(counts, total),
-    h('h2', {}, `Blocked (${blocked.length})`),
-    blocked.length === 0
-      ? h('p', { class: 'empty' }, 'No task is waiting on a question.')
-      : h('div', { class: 'cards' }, ...blocked.map((item) => h('article', { class: 'card', 'data-blocked': item.task.task_id },
-        h('h3', {}, item.task.title, ' ', h('span', { class: 'id' }, item.task.task_id)),
-        h('p', { class: 'meta' }, `Attempt ${item.attempt.attempt_no}, assigned to ${item.attempt.assigned_to} · `,
-          h('a', { href: threadHref(item.attempt.thread_id) }, 'open the thread')),
-        h('div', { class: 'question' },
-          h('p', {}, h('strong', {}, 'Question: '), item.question.summary, ' ', h('span', { class: 'meta' }, `from ${item.question.from_agent}, `), time(item.question.created_at)),
-          h('details', {}, h('summary', {}, 'full question'), h('pre', {}, item.question.body)),
-          artifactList(item.question.artifacts))))),
-    h('h2', {}, `Tasks (${tasks.length})`),
-    tasks.length === 0
-      ? h('p', { class: 'empty' }, 'No tasks yet.')
-      : h('table', {},
-        h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Task'), h('th', { scope: 'col' }, 'Status'), h('th', { scope: 'col', class: 'hide-narrow' }, 'Priority'),
-          h('th', { scope: 'col', class: 'hide-narrow' }, 'Default to'), h('th', { scope: 'col', class: 'hide-narrow' }, 'Attempt'), h('th', { scope: 'col' }, 'Updated'))),
-        h('tbody', {}, ...tasks.map((task) => h('tr', { 'data-task': task.task_id },
-          h('td', {}, task.title, h('div', { class: 'id' }, task.task_id)),
-          h('td', { class: 'task-status' }, statusBadge(task.status)),
-          h('td', { class: 'hide-narrow' }, task.priority),
-          h('td', { class: 'hide-narrow' }, task.default_to ?? '—'),
-          h('td', { class: 'hide-narrow' }, task.latest_attempt_no ?? '—'),
-          h('td', {}, time(task.updated_at)))))))
+    countsBar(counts, total))
 }
+
+function taskRow (runId: string, task: Task): HTMLElement {
+  return h('tr', { 'data-task': task.task_id },
+    h('td', {}, h('a', { href: taskHref(runId, task.task_id) }, task.title || task.task_id), h('div', { class: 'id' }, task.task_id)),
+    h('td', { class: 'task-status' }, statusBadge(task.status)),
+    h('td', { class: 'hide-narrow' }, task.priority),
+    h('td', { class: 'hide-narrow' }, task.default_to ?? '—'),
+    h('td', { class: 'hide-narrow' }, task.latest_attempt_no ?? '—'),
+    h('td', {}, time(task.updated_at)))
+}
+
+/**
+ * The run's tasks table, drawn again row by row: a read of a 200-task run
+ * in which one task changed redraws that task's row, not the table (a live
+ * event cost the page at 200 tasks twice the main thread when it did:
+ * bench:ui).
+ */
+function tasksTable (runId: string) {
+  const heading = h('h2', {})
+  const rows = h('tbody', {})
+  const table = h('table', {},
+    h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Task'), h('th', { scope: 'col' }, 'Status'), h('th', { scope: 'col', class: 'hide-narrow' }, 'Priority'),
+      h('th', { scope: 'col', class: 'hide-narrow' }, 'Default to'), h('th', { scope: 'col', class: 'hide-narrow' }, 'Attempt'), h('th', { scope: 'col' }, 'Updated'))),
+    rows)
+  const element = h('div', {}, heading)
+  /** Each row drawn, with the task it was drawn from (as its JSON). */
+  let drawn = new Map<string, { row: HTMLElement, as: string }>()
+  return {
+    element,
+    draw (tasks: Task[]) {
+      heading.textContent = `Tasks (${tasks.length})`
+      if (tasks.length === 0) {
+        element.replaceChildren(heading, h('p', { class: 'empty' }, 'No tasks yet.'))
+        drawn = new Map()
+        return
+      }
+      if (table.parentNode !== element) element.replaceChildren(heading, table)
+      const next = new Map<string, { row: HTMLElement, as: string }>()
+      for (const task of tasks) {
+        const as = JSON.stringify(task)
+        const kept = drawn.get(task.task_id)
+        next.set(task.task_id, kept?.as === as ? kept : { row: taskRow(runId, task), as })
+      }
+      for (const [taskId, { row }] of drawn) if (next.get(taskId)?.row !== row) row.remove()
+      drawn = next
+      // In the read's order, moving only the rows out of place.
+      let i = 0
+      for (const { row } of next.values()) {
+        if (rows.children[i] !== row) rows.insertBefore(row, rows.children[i] ?? null)
+        i++
+      }
+    }
+  }
+}
+
+// ---- events: a run's history, and lists of the latest ----------------------
+
+/**
+ * The run's events up to `cursor` (a read's X-Event-Cursor: the stream
+ * takes over after it), a page of MAX_PAGE_LIMIT at a time from the first;
+ * `startsLater` when the oldest were removed by retention (the first page
+ * answers 410: read from the oldest kept). Retries what retrying may fix.
+ */
+async function runEventsUntil (runId: string, cursor: number, signal: AbortSignal): Promise<{ events: Event[], startsLater: boolean }> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      let expired = false
+      const events: Event[] = []
+      for (let after = 0; ;) {
+        const page = await client.eventsRead({ run_id: runId, after_event_id: after, limit: MAX_PAGE_LIMIT }, signal).catch((error: unknown) => {
+          if (!(error instanceof CursorExpired) || after !== 0) throw error
+          expired = true
+          return client.eventsRead({ run_id: runId, limit: MAX_PAGE_LIMIT }, signal)
+        })
+        for (const event of page.body.events) if (event.event_id <= cursor) events.push(event)
+        const last = page.body.events.at(-1)
+        if (last === undefined || page.body.events.length < MAX_PAGE_LIMIT || last.event_id >= cursor) {
+          // A run whose first kept event is its creation lost none of its own.
+          return { events, startsLater: expired && events[0]?.event_type !== 'run_created' }
+        }
+        after = last.event_id
+      }
+    } catch (error) {
+      if (signal.aborted || !(error instanceof ApiError) || error.terminal) throw error
+      // A 410 here: the history's floor passed a later page (retention at work), so start over at once; else as the client's own reads do.
+      if (!(error instanceof CursorExpired)) await delay(backoff(attempt, 500, 10_000), signal)
+    }
+  }
+}
+
+/** Where an event list is: every run's events, one run's, or one task's (what the page is needs no link). */
+type EventsOf = 'all' | 'run' | 'task'
+
+/** How an event reads in a list: its type, what it concerns (linked), its summary, when. */
+function eventItem (event: Event, on: EventsOf): HTMLElement {
+  const concerns = event.thread_id !== '' ? h('a', { href: threadHref(event.thread_id) }, `thread ${event.thread_id}`)
+    : event.task_id !== '' && event.run_id !== '' && on !== 'task' ? h('a', { href: taskHref(event.run_id, event.task_id) }, `task ${event.task_id}`)
+      : on === 'all' && event.run_id !== '' ? h('a', { href: runHref(event.run_id) }, `run ${event.run_id}`) : null
+  const inRun = on === 'all' && event.run_id !== '' && (event.thread_id !== '' || event.task_id !== '')
+  return h('li', { 'data-event': String(event.event_id) },
+    h('span', { class: 'id' }, `#${event.event_id}`), ' ', h('strong', {}, event.event_type), ' ',
+    concerns, inRun ? h('span', { class: 'meta' }, ' in ', h('a', { href: runHref(event.run_id) }, `run ${event.run_id}`)) : null,
+    event.summary === '' ? null : h('span', {}, ` · ${event.summary}`), ' ', time(event.created_at))
+}
+
+/** A list of the latest `size` events, newest first: `show` adds (ascending) events on top. */
+function latestEvents (size: number, on: EventsOf) {
+  const element = h('ol', { class: 'activity', reversed: '' })
+  return {
+    element,
+    show (events: Event[]) {
+      for (const event of events.slice(-size)) element.prepend(eventItem(event, on))
+      while (element.childElementCount > size) element.lastElementChild!.remove()
+    },
+    clear () { element.replaceChildren() }
+  }
+}
+
+// ---- pages kept live by list-then-watch ---------------------------------------
+
+interface FollowedPage<T> {
+  /** What the page shows, as one read (its X-Event-Cursor starts the stream). */
+  read: (signal?: AbortSignal) => Promise<Read<T>>
+  filter: EventFilter
+  /** Each new body read (a body equal to the last is not drawn again). */
+  draw: (body: T) => void
+  /** After the first read and each read after a 410, before the stream starts from its cursor: what else the page loads up to there. */
+  caughtUp?: (cursor: number, signal: AbortSignal) => Promise<void>
+  /** Each event of the filter, in order; true when it may change the read, which is then read again. Default: every event may. */
+  onEvent?: (event: Event) => boolean
+}
+
+/**
+ * A page on the client's list-then-watch (follow): the read, then each
+ * event, reading again (one read at a time; events meanwhile cause one
+ * more) when an event may change what it shows. Starts over on a 410; ends
+ * on a refusal retrying cannot fix, through onError.
+ */
+function followPage<T> (page: FollowedPage<T>, onStatus: (status: StreamStatus) => void, onError: (error: ApiError) => void): Live {
+  const controller = new AbortController()
+  const { signal } = controller
+  let drawn: T | undefined
+  const show = (body: T) => {
+    if (body === drawn) return // the client hands back the body it kept when the service answers 304
+    drawn = body
+    page.draw(body)
+  }
+  const fail = (error: unknown) => {
+    if (signal.aborted) return
+    controller.abort()
+    onError(error instanceof ApiError ? error : new ApiError(0, 'internal', `the page stopped: ${(error as Error).message}`, client.url))
+  }
+  let reading = false
+  let again = false
+  async function readAgain () {
+    if (reading) {
+      again = true
+      return
+    }
+    reading = true
+    try {
+      for (let attempt = 0; !signal.aborted;) {
+        again = false
+        try {
+          show((await page.read(signal)).body)
+          attempt = 0
+        } catch (error) {
+          if (signal.aborted || !(error instanceof ApiError) || error.terminal) throw error
+          // Out of reach for now: the stream says so in the header; read again once it may answer.
+          await delay(backoff(attempt++, 500, 10_000), signal)
+          again = true
+        }
+        if (!again) break
+      }
+    } catch (error) {
+      fail(error)
+    } finally {
+      reading = false
+    }
+  }
+  void (async () => {
+    for await (const item of follow(client, page.read, page.filter, { signal, onStatus })) {
+      if (item.kind === 'read') {
+        show(item.body)
+        await page.caughtUp?.(item.read.eventCursor ?? 0, signal)
+      } else if (page.onEvent?.(item.event) ?? true) {
+        void readAgain()
+      }
+    }
+  })().catch(fail)
+  return { close: () => controller.abort() }
+}
+
+/** How many of a run's (or a task's) latest events its page lists. */
+const RUN_ACTIVITY_SIZE = 20
+
+/**
+ * The run page: its head and its tasks drawn from each read of the run;
+ * its timeline and its activity from its events (the history up to the
+ * read, then each event as it arrives), on one stream.
+ */
+function mountRun (main: HTMLElement, runId: string, onStatus: (status: StreamStatus) => void, onError: (error: ApiError) => void, updated: () => void): Live {
+  const timeline = new Timeline((taskId) => taskHref(runId, taskId))
+  const activity = latestEvents(RUN_ACTIVITY_SIZE, 'run')
+  const head = h('div', {}, h('p', {}, 'Loading…'))
+  const tasks = tasksTable(runId)
+  main.replaceChildren(h('div', {}, head,
+    h('section', { 'aria-labelledby': 'timeline-title' }, h('h2', { id: 'timeline-title' }, 'Timeline'), timeline.element),
+    tasks.element,
+    h('section', { 'aria-labelledby': 'activity-title' }, h('h2', { id: 'activity-title' }, 'Activity'),
+      h('p', { class: 'meta' }, `The run's latest ${RUN_ACTIVITY_SIZE} events, newest first, live.`), activity.element)))
+  let latest: RunDetailEnvelope | undefined
+  /** The highest event drawn: the stream resumes after the history, and never repeats one. */
+  let lastEventId = 0
+  const drawRun = (body: RunDetailEnvelope) => {
+    latest = body
+    head.replaceChildren(renderRunHead(body, timeline))
+    tasks.draw(body.run.tasks)
+    timeline.setTasks(body.run.tasks)
+    updated()
+  }
+  return followPage<RunDetailEnvelope>({
+    read: (signal) => client.runRead(runId, signal),
+    filter: { run_id: runId },
+    draw: drawRun,
+    caughtUp: async (cursor, signal) => {
+      const { events, startsLater } = await runEventsUntil(runId, cursor, signal)
+      lastEventId = cursor
+      timeline.reset(events, startsLater)
+      activity.clear()
+      activity.show(events)
+      // The failed tasks' threads are named by their events, now known.
+      if (latest !== undefined) drawRun(latest)
+    },
+    onEvent: (event) => {
+      if (event.event_id <= lastEventId) return false
+      lastEventId = event.event_id
+      timeline.add(event)
+      activity.show([event])
+      updated()
+      return true
+    }
+  }, onStatus, onError)
+}
+
+// ---- a task's story ----------------------------------------------------------
+
+/** What an attempt was: who, on which branch from which base, what it produced, and when. */
+function attemptCard (attempt: TaskAttempt): HTMLElement {
+  const fact = (label: string, value: unknown) => value === undefined || value === '' ? null : h('div', {}, h('dt', {}, label), h('dd', {}, String(value)))
+  return h('li', { class: 'card', 'data-attempt': String(attempt.attempt_no) },
+    h('h3', {}, `Attempt ${attempt.attempt_no} `, statusBadge(attempt.status)),
+    h('dl', { class: 'facts' },
+      fact('Assigned to', attempt.assigned_to),
+      fact('Branch', attempt.branch_name),
+      fact('Base', [attempt.base_ref, attempt.base_commit].filter(Boolean).join(' at ') || undefined),
+      fact('Result commit', attempt.result_commit),
+      fact('Workspace', [attempt.workspace_status, attempt.worktree_path].filter(Boolean).join(', ') || undefined),
+      h('div', {}, h('dt', {}, 'Started'), h('dd', {}, time(attempt.created_at))),
+      h('div', {}, h('dt', {}, 'Updated'), h('dd', {}, time(attempt.updated_at)))),
+    h('p', { class: 'meta' }, h('a', { href: threadHref(attempt.thread_id) }, 'open its thread'), ` (${attempt.thread_id})`))
+}
+
+function renderTask (data: TaskDetailEnvelope): HTMLElement {
+  const task = data.task
+  return h('div', {},
+    h('p', { class: 'crumbs' }, h('a', { href: runHref(task.run_id) }, `← Run ${task.run_id}`)),
+    h('h1', {}, task.title || task.task_id),
+    h('p', { class: 'meta' }, 'Status: ', statusBadge(task.status), ' · ', h('span', { class: 'id' }, task.task_id), ` · priority ${task.priority}`,
+      task.default_to === undefined ? '' : ` · default to ${task.default_to}`, ' · updated ', time(task.updated_at)),
+    task.summary === '' ? null : h('p', {}, task.summary),
+    jsonDetails('acceptance criteria', task.acceptance_json),
+    h('h2', {}, `Attempts (${task.attempts.length})`),
+    task.attempts.length === 0
+      ? h('p', { class: 'empty' }, 'Not dispatched yet.')
+      : h('ol', { class: 'cards attempts' }, ...task.attempts.map(attemptCard)),
+    h('h2', {}, `Threads (${task.threads.length})`),
+    task.threads.length === 0
+      ? h('p', { class: 'empty' }, 'No threads yet.')
+      : h('ul', { class: 'threads' }, ...task.threads.map((thread) => h('li', { 'data-thread': thread.thread_id },
+        h('a', { href: threadHref(thread.thread_id) }, thread.subject || thread.thread_id), ' ', statusBadge(thread.status),
+        h('span', { class: 'meta' }, ` ${thread.created_by} → ${thread.assigned_to} · priority ${thread.priority} · updated `), time(thread.updated_at)))))
+}
+
+/** A task's page: its story from each read of it, and its own lane and events from the run's. */
+function mountTask (main: HTMLElement, runId: string, taskId: string, onStatus: (status: StreamStatus) => void, onError: (error: ApiError) => void, updated: () => void): Live {
+  const timeline = new Timeline((id) => taskHref(runId, id), 'this task')
+  const activity = latestEvents(RUN_ACTIVITY_SIZE, 'task')
+  const story = h('div', {}, h('p', {}, 'Loading…'))
+  main.replaceChildren(h('div', {}, story,
+    h('section', { 'aria-labelledby': 'phases-title' }, h('h2', { id: 'phases-title' }, 'Phases'), timeline.element),
+    h('section', { 'aria-labelledby': 'activity-title' }, h('h2', { id: 'activity-title' }, 'Activity'),
+      h('p', { class: 'meta' }, `The task's latest ${RUN_ACTIVITY_SIZE} events, newest first, live.`), activity.element)))
+  let lastEventId = 0
+  const ofTask = (event: Event) => event.task_id === taskId
+  return followPage<TaskDetailEnvelope>({
+    read: (signal) => client.taskRead(runId, taskId, signal),
+    filter: { run_id: runId },
+    draw: (body) => {
+      story.replaceChildren(renderTask(body))
+      timeline.setTasks([body.task])
+      updated()
+    },
+    caughtUp: async (cursor, signal) => {
+      const { events, startsLater } = await runEventsUntil(runId, cursor, signal)
+      lastEventId = cursor
+      const own = events.filter(ofTask)
+      timeline.reset(own, startsLater)
+      activity.clear()
+      activity.show(own)
+    },
+    onEvent: (event) => {
+      if (event.event_id <= lastEventId || !ofTask(event)) return false
+      lastEventId = event.event_id
+      timeline.add(event)
+      activity.show([event])
+      updated()
+      return true
+    }
+  }, onStatus, onError)
+}
+
+// ---- a thread ------------------------------------------------------------------
 
 function renderThread (data: ThreadDetailEnvelope): HTMLElement {
   const { thread, messages } = data.thread
   return h('div', {},
-    h('p', { class: 'crumbs' }, h('a', { href: runHref(thread.run_id) }, `← Run ${thread.run_id}`)),
+    h('p', { class: 'crumbs' }, h('a', { href: runHref(thread.run_id) }, `← Run ${thread.run_id}`), ' · ', h('a', { href: taskHref(thread.run_id, thread.task_id) }, `task ${thread.task_id}`)),
     h('h1', {}, thread.subject || thread.thread_id),
     h('p', { class: 'meta' }, 'Status: ', statusBadge(thread.status), ` · task ${thread.task_id} · ${thread.created_by} → ${thread.assigned_to} · priority ${thread.priority}`),
     h('h2', {}, `Messages (${messages.length})`),
@@ -187,24 +535,14 @@ function renderThread (data: ThreadDetailEnvelope): HTMLElement {
 
 const ACTIVITY_SIZE = 100
 
-function eventItem (event: Event): HTMLElement {
-  const target = event.thread_id !== '' ? h('a', { href: threadHref(event.thread_id) }, `thread ${event.thread_id}`)
-    : event.run_id !== '' ? h('a', { href: runHref(event.run_id) }, `run ${event.run_id}`) : null
-  return h('li', { 'data-event': String(event.event_id) },
-    h('span', { class: 'id' }, `#${event.event_id}`), ' ', h('strong', {}, event.event_type), ' ',
-    target, event.thread_id !== '' && event.run_id !== '' ? h('span', { class: 'meta' }, ' in ', h('a', { href: runHref(event.run_id) }, `run ${event.run_id}`)) : null,
-    event.summary === '' ? null : h('span', {}, ` · ${event.summary}`), ' ', time(event.created_at))
-}
-
 /** The latest events (newest first), then each new one as it commits; on 410, starts over. `onDrawn` after each. */
 function mountActivity (main: HTMLElement, onStatus: (status: StreamStatus) => void, onDrawn: () => void): Live {
   const controller = new AbortController()
   const { signal } = controller
-  const list = h('ol', { class: 'activity', reversed: '' })
-  main.replaceChildren(h('div', {}, h('h1', {}, 'Activity'), h('p', { class: 'meta' }, `The latest ${ACTIVITY_SIZE} events across all runs, newest first, live.`), list))
+  const list = latestEvents(ACTIVITY_SIZE, 'all')
+  main.replaceChildren(h('div', {}, h('h1', {}, 'Activity'), h('p', { class: 'meta' }, `The latest ${ACTIVITY_SIZE} events across all runs, newest first, live.`), list.element))
   const show = (events: Event[]) => {
-    for (const event of events) list.prepend(eventItem(event))
-    while (list.childElementCount > ACTIVITY_SIZE) list.lastElementChild!.remove()
+    list.show(events)
     onDrawn()
   }
   async function start (): Promise<void> {
@@ -214,7 +552,7 @@ function mountActivity (main: HTMLElement, onStatus: (status: StreamStatus) => v
         const now = (await client.runsRead({ limit: 1 }, signal)).eventCursor ?? 0
         const recent = await client.eventsRead({ after_event_id: Math.max(0, now - ACTIVITY_SIZE), limit: ACTIVITY_SIZE }, signal)
           .catch((error: unknown) => { if (error instanceof CursorExpired) return client.eventsRead({ limit: ACTIVITY_SIZE }, signal); throw error })
-        list.replaceChildren()
+        list.clear()
         show(recent.body.events)
         const after = recent.body.events.at(-1)?.event_id ?? now
         for await (const event of client.watch({}, { after: Math.max(after, recent.eventCursor ?? 0), signal, onStatus })) show([event])
@@ -239,13 +577,14 @@ function mountActivity (main: HTMLElement, onStatus: (status: StreamStatus) => v
 // ---- routing: the address is the page --------------------------------------
 
 const live = document.getElementById('live')!
-function showLive (status: StreamStatus | { state: 'down', text: string }) {
-  const text = status.state === 'live' ? `Live · updated ${new Date().toLocaleTimeString()}`
-    : status.state === 'connecting' ? 'Connecting…'
-      : status.state === 'down' ? status.text
+/** The header's word on the page's connection; `stopped`: the page reads no more (an unknown run, say), and says why. */
+function showLive (status: StreamStatus | { state: 'down' | 'stopped', text: string }) {
+  const text = 'text' in status ? status.text
+    : status.state === 'live' ? `Live · updated ${new Date().toLocaleTimeString()}`
+      : status.state === 'connecting' ? 'Connecting…'
         : status.error === undefined ? 'Reconnecting…' : `Offline · retrying… (${status.error.detail})`
   live.textContent = text
-  live.className = `live${status.state === 'live' ? ' is-live' : status.state === 'retrying' || status.state === 'down' ? ' is-down' : ''}`
+  live.className = `live${status.state === 'live' ? ' is-live' : status.state === 'retrying' || status.state === 'down' ? ' is-down' : status.state === 'stopped' ? ' is-stopped' : ''}`
 }
 
 /** Shows the page of `hash` and keeps it current; returns how to stop. */
@@ -257,6 +596,8 @@ function mount (hash: string): Live {
       refused(error)
       return
     }
+    // The page reads no more: the header says so, rather than connecting for good.
+    showLive({ state: 'stopped', text: error.status === 404 ? 'Not found · not live' : `Stopped · ${error.detail}` })
     main.replaceChildren(h('p', { class: 'crumbs' }, h('a', { href: '#/' }, '← All runs')), h('h1', {}, document.title.split(' · ')[0]!), h('p', { class: 'error' }, error.detail))
   }
   // Each new snapshot (or event, on the activity page) is drawn at once; the indicator says when it was read.
@@ -265,12 +606,18 @@ function mount (hash: string): Live {
     main.replaceChildren(element)
     updated()
   }
+  const [, taskRun, taskId] = /^#\/runs\/([^/]+)\/tasks\/(.+)$/.exec(hash) ?? []
+  if (taskRun !== undefined && taskId !== undefined) {
+    const [runId, id] = [decodeURIComponent(taskRun), decodeURIComponent(taskId)]
+    document.title = `Task ${id} · Control plane`
+    return mountTask(main, runId, id, onStatus, onError, updated)
+  }
   const [, kind, rawId] = /^#\/(runs|threads)\/(.+)$/.exec(hash) ?? []
   if (kind !== undefined && rawId !== undefined) {
     const id = decodeURIComponent(rawId)
     document.title = `${kind === 'runs' ? 'Run' : 'Thread'} ${id} · Control plane`
     return kind === 'runs'
-      ? client.liveRun(id, (body) => drawn(renderRun(body)), { onStatus, onError })
+      ? mountRun(main, id, onStatus, onError, updated)
       : client.liveThread(id, (body) => drawn(renderThread(body)), { onStatus, onError })
   }
   if (hash === '#/activity') {
@@ -278,9 +625,9 @@ function mount (hash: string): Live {
     return mountActivity(main, onStatus, updated)
   }
   const params = new URLSearchParams(hash.replace(/^#\/?\??/, ''))
-  const view: RunsView = { status: params.get('status') ?? '', ...(params.get('cursor') ? { pageKey: params.get('cursor')! } : {}) }
+  const view: RunsView = { status: params.get('status') ?? '', blocked: params.get('blocked') === 'true', ...(params.get('cursor') ? { pageKey: params.get('cursor')! } : {}) }
   document.title = 'Runs · Control plane'
-  return client.liveRuns({ status: view.status, limit: RUNS_PAGE_SIZE, ...(view.pageKey === undefined ? {} : { cursor: view.pageKey }) },
+  return client.liveRuns({ status: view.status, limit: RUNS_PAGE_SIZE, ...(view.blocked ? { blocked: true } : {}), ...(view.pageKey === undefined ? {} : { cursor: view.pageKey }) },
     (body, read) => drawn(renderRuns(view, body, read.next)), { onStatus, onError })
 }
 
