@@ -101,7 +101,7 @@ const RunStatuses = Type.String({
   minLength: 1,
   maxLength: 4096,
   pattern: '^[^\\u0000]+$',
-  description: 'Only runs in this status, or in any of several separated by commas (`status=running,blocked`); the orchestrator\'s strings, matched exactly',
+  description: 'Only runs in this status, or in any of several separated by commas (`status=running,failed`); the orchestrator\'s strings, matched exactly',
   [ACCEPTS]: 'status must name one or more run statuses, separated by commas'
 })
 
