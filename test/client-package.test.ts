@@ -1,13 +1,13 @@
-import { execFileSync, spawn } from 'node:child_process'
-import { once } from 'node:events'
+import { execFileSync } from 'node:child_process'
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { pathToFileURL } from 'node:url'
 import t from 'tap'
 import { loadFixtureFile } from '../db/fixtures.js'
 import { createRun, setRunStatus } from '../db/writer.js'
 import { serve } from './helpers/app.js'
-import { codeBlocks } from './helpers/docs.js'
+import { codeBlocks, runAsUser, userEnv } from './helpers/docs.js'
 import { writer } from './helpers/fixtures.js'
 import { root } from './helpers/run.js'
 import { waitUntil } from './helpers/wait.js'
@@ -29,20 +29,11 @@ const dir = mkdtempSync(join(tmpdir(), 'ocp-client-pack-'))
 t.teardown(() => rmSync(dir, { recursive: true, force: true }))
 
 /**
- * The environment of a user's shell: without the test's TypeScript loader
- * and coverage (NODE_OPTIONS, NODE_V8_COVERAGE, tap's own variables), which
- * would otherwise also record the packed copy's run against client/src.
  * npm gets a cache of this file's own, so that nothing comes from an earlier
- * run, and a registry that does not answer: the package must install and run
- * from the service alone.
+ * run, and a registry that does not answer: the package must install and
+ * run from the service alone.
  */
-const userEnv: Record<string, string> = {
-  ...Object.fromEntries(Object.entries(process.env).filter((entry): entry is [string, string] => {
-    const [name, value] = entry
-    return value !== undefined && name !== 'NODE_OPTIONS' && name !== 'NODE_V8_COVERAGE' && !name.startsWith('TAP') && !name.startsWith('_TAP') && !name.toLowerCase().startsWith('npm_')
-  })),
-  // tap's process tracking hooks the children all the same: no coverage from them.
-  _TAPJS_PROCESSINFO_COVERAGE_: '0',
+const npmEnv: Record<string, string> = {
   npm_config_cache: join(dir, 'npm-cache'),
   npm_config_registry: 'http://127.0.0.1:9/',
   npm_config_audit: 'false',
@@ -55,28 +46,9 @@ const userEnv: Record<string, string> = {
 const project = join(dir, 'project')
 mkdirSync(project)
 
-interface Ran { code: number | null, signal: NodeJS.Signals | null, stdout: string, stderr: string }
-
-/**
- * Runs a shell command line in `cwd` as a user's shell would; `during` runs
- * once it started, and may interrupt it (Ctrl-C: SIGINT to its process group).
- */
-async function shell (line: string, cwd: string, env: Record<string, string>, during?: (output: () => string, interrupt: () => void) => Promise<void>): Promise<Ran> {
-  const child = spawn('sh', ['-ec', line], { cwd, env: { ...userEnv, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true })
-  let stdout = ''
-  let stderr = ''
-  child.stdout.on('data', (chunk) => { stdout += chunk })
-  child.stderr.on('data', (chunk) => { stderr += chunk })
-  const exited = once(child, 'exit')
-  try {
-    await during?.(() => stdout + stderr, () => process.kill(-child.pid!, 'SIGINT'))
-  } catch (error) {
-    process.kill(-child.pid!, 'SIGKILL')
-    throw error
-  }
-  const [code, signal] = await exited
-  return { code: code as number | null, signal: signal as NodeJS.Signals | null, stdout, stderr }
-}
+/** A shell command line in `cwd`, as a user runs it, with npm's settings above. */
+const shell = (line: string, cwd: string, env: Record<string, string>, during?: Parameters<typeof runAsUser>[3]) =>
+  runAsUser(['sh', '-ec', line], cwd, { ...npmEnv, ...env }, during)
 
 /** The one block of `file` in `language` under `heading` (its nth, from 0). */
 function block (file: string, heading: string, language: string, nth = 0): string {
@@ -96,7 +68,7 @@ t.test('npm run build:client packs the package the service serves, of its versio
   t.equal(notBuilt.statusCode, 404)
   t.equal(notBuilt.json().error.message, `the client package is not built: run npm run build (it makes dist/ocp-api-client-${version}.tgz)`)
 
-  execFileSync('npm', ['run', 'build:client'], { cwd: root, stdio: 'pipe', env: userEnv })
+  execFileSync('npm', ['run', 'build:client'], { cwd: root, stdio: 'pipe', env: { ...userEnv, ...npmEnv } })
   const served = await fetch(`${url}/client/ocp-api-client.tgz`)
   t.equal(served.status, 200, 'no token needed, while the API needs one')
   t.equal((await app.inject('/api/runs')).statusCode, 401)
@@ -265,4 +237,16 @@ t.test('docs/authentication.md\'s GitHub Actions step as written, with authentic
   })
   t.equal(ran.code, 0, ran.stderr)
   t.equal(JSON.parse(ran.stdout).run.status, 'done')
+
+  // client/README.md's stream token for an EventSource, with the run page's client (`api`), in the project: in Node with what a page has.
+  writeFileSync(join(project, 'api.mjs'), `import { createClient } from 'ocp-api-client'
+globalThis.api = createClient({ url: process.env.OCP_API_URL, token: process.env.OCP_API_TOKEN })
+`)
+  const page = pathToFileURL(join(root, 'test/helpers/page.mjs')).href
+  const snippet = block('client/README.md', '## Authentication', 'ts')
+  const opened = await runAsUser([process.execPath, '--import', page, '--import', './api.mjs', '--input-type=module-typescript', '-e', snippet], project, { OCP_API_URL: url, OCP_API_TOKEN: 'ci-secret' }, async (output, interrupt) => {
+    await waitUntil(() => output().includes('{"open":'), 'the EventSource to open')
+    interrupt()
+  })
+  t.match(JSON.parse(opened.stdout.split('\n')[0]!), { open: /\/api\/events\/stream\?run_id=run-demo-43&stream_token=[\w-]+\.[\w-]+\.[\w-]+$/ }, 'the stream, opened with a stream token in its URL')
 })
