@@ -277,7 +277,8 @@ t.test('wait and watch started before the run exists wait for it to appear, with
 
   const neverWatched = await cli(['watch', '--run', 'run-never', '--thread', 'thread-never', '--after', '3', '--timeout', '500ms'], env)
   t.equal(neverWatched.code, EXIT.timeout)
-  t.equal(neverWatched.stderr, 'ocp-api: run run-never does not exist yet; waiting for it to appear\nocp-api: thread thread-never does not exist yet; waiting for it to appear\n' +
+  t.equal(neverWatched.stderr, 'ocp-api: run run-never does not exist yet; waiting for it to appear (--fail-if-missing: exit 2 instead)\n' +
+    'ocp-api: thread thread-never does not exist yet; waiting for it to appear (--fail-if-missing: exit 2 instead)\n' +
     'ocp-api: timed out after 500ms: run run-never and thread thread-never did not appear\n')
 
   const stopEarly = new AbortController()

@@ -7,7 +7,7 @@
  * line each, never a stack trace. Exit codes: EXIT_CODES below.
  */
 import { parseArgs, type ParseArgsConfig } from 'node:util'
-import { ApiError, createClient, CursorExpired, MAX_PAGE_LIMIT, type Client, type Event, type EventFilter, type Followed, type FollowOptions, type RunDetail, type RunListItem, type StreamStatus } from './index.js'
+import { ApiError, createClient, CursorExpired, MAX_PAGE_LIMIT, type Client, type Event, type EventFilter, type Followed, type FollowOptions, type Live, type RunDetail, type RunListItem, type StreamStatus } from './index.js'
 
 export const EXIT = { ok: 0, failed: 1, usage: 2, timeout: 3 } as const
 
@@ -371,7 +371,7 @@ async function watchCommand (client: Client, values: Values, io: Io): Promise<nu
     }
     if (missing.length > 0) {
       deadline.clear()
-      for (const target of missing) io.stderr(`ocp-api: ${target.name} does not exist yet; waiting for it to appear\n`)
+      for (const target of missing) io.stderr(`ocp-api: ${target.name} does not exist yet; waiting for it to appear (--fail-if-missing: exit 2 instead)\n`)
       if (timeout !== undefined) timer = setTimeout(() => end(EXIT.timeout, `timed out after ${timeout.text}: ${missing.map((target) => target.name).join(' and ')} did not appear`), timeout.ms)
       for (const target of missing) await appears(client, target.read, target.filter, stop.signal, deadline)
       clearTimeout(timer)
@@ -431,7 +431,7 @@ async function waitCommand (client: Client, runId: string, values: Values, io: I
     let lastStatus: string | undefined
     /** Where the run is, for the timeout's message. */
     let state = 'is not read yet'
-    let live: { close: () => void } | undefined
+    let live: Live | undefined
     const finish = (code: number) => {
       stop.abort()
       clearTimeout(timer)
