@@ -15,6 +15,8 @@ COPY schemas ./schemas
 COPY ui ./ui
 COPY bin ./bin
 COPY client ./client
+# npm run build also packs the client package (npm run build:client: dist/ocp-api-client-<version>.tgz),
+# which the service serves at /client/ocp-api-client.tgz for `npx -y <service>/client/ocp-api-client.tgz`.
 RUN npm run build && npm prune --omit=dev
 
 FROM node:24-bookworm-slim

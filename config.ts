@@ -1,5 +1,6 @@
 import { envSchema } from 'env-schema'
-import { Type, type Static } from 'typebox'
+import { createServer } from 'node:net'
+import { Type, type Static, type TObject } from 'typebox'
 import { Value } from 'typebox/value'
 import { MAX_PAGE_LIMIT } from './schemas/api.js'
 
@@ -59,6 +60,13 @@ export const ConfigSchema = Type.Object({
 
 export type Config = Static<typeof ConfigSchema>
 
+/** The demo's own settings (`npm run demo`), beside the service's: docs/development.md. */
+export const DemoConfigSchema = Type.Object({
+  DEMO_INTERVAL_MS: Type.Integer({ default: 1000, minimum: 10, maximum: 3_600_000, description: 'How often the demo\'s simulated orchestrator writes' })
+})
+
+export type DemoConfig = Static<typeof DemoConfigSchema>
+
 /** A comma-separated list variable as its non-empty, trimmed items. */
 export function listOf (value: string): string[] {
   return value.split(',').map((item) => item.trim()).filter((item) => item !== '')
@@ -68,19 +76,23 @@ export class ConfigError extends Error {
   override name = 'ConfigError'
 }
 
+/** The variables of `schema` read from `env` and validated; a ConfigError names a bad one. */
+function fromEnvironment<T> (schema: TObject, env: NodeJS.ProcessEnv): T {
+  try {
+    // An empty variable (`PORT=` in a compose file) means "use the default".
+    const data = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value !== ''))
+    return envSchema<T>({ schema: structuredClone(schema), data, env: false, dotenv: false })
+  } catch (err) {
+    throw new ConfigError(`invalid configuration: ${(err as Error).message}`)
+  }
+}
+
 /**
  * Reads and validates the configuration; a bad or missing value throws a
  * ConfigError whose message names the variable (e.g. `env/PORT must be <= 65535`).
  */
 export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
-  let config: Config
-  try {
-    // An empty variable (`PORT=` in a compose file) means "use the default".
-    const data = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value !== ''))
-    config = envSchema<Config>({ schema: structuredClone(ConfigSchema), data, env: false, dotenv: false })
-  } catch (err) {
-    throw new ConfigError(`invalid configuration: ${(err as Error).message}`)
-  }
+  const config = fromEnvironment<Config>(ConfigSchema, env)
   // DATABASE_URL is where migrations and the event log's upkeep go: reads alone elsewhere would leave both undone.
   if (config.DATABASE_READ_URL !== undefined && config.DATABASE_URL === undefined) {
     throw new ConfigError('invalid configuration: DATABASE_READ_URL needs DATABASE_URL (the primary, for migrations and the event log\'s upkeep); to read from a hot standby alone, set DATABASE_URL to it instead')
@@ -91,6 +103,35 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   }
   issuersOf(config)
   return config
+}
+
+/** The demo's settings, read and validated as loadConfig does the service's. */
+export const loadDemoConfig = (env: NodeJS.ProcessEnv = process.env): DemoConfig => fromEnvironment<DemoConfig>(DemoConfigSchema, env)
+
+/** A failed listen as its reader should see it: a port in use names PORT; anything else is left as it was. */
+export function listenFailure (error: unknown, { PORT }: Pick<Config, 'PORT'>): unknown {
+  return (error as NodeJS.ErrnoException).code === 'EADDRINUSE' ? new ConfigError(`port ${PORT} is in use: set PORT to another port`) : error
+}
+
+/** Listens on HOST:PORT for a moment; rejects as listenFailure says when it cannot. */
+export function portFree ({ HOST, PORT }: Pick<Config, 'HOST' | 'PORT'>): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const server = createServer()
+    server.once('error', (error) => reject(listenFailure(error, { PORT })))
+    server.listen(PORT, HOST, () => server.close(() => resolve()))
+  })
+}
+
+/**
+ * What `npm run demo` and `npm start` check before they build
+ * (scripts/check-settings.ts), so that a bad setting is said at once rather
+ * than after the build: the configuration, the demo's own settings when
+ * `demo`, and that HOST:PORT is free. Rejects saying what is wrong.
+ */
+export async function checkSettings (env: NodeJS.ProcessEnv, { demo = false } = {}): Promise<void> {
+  const config = loadConfig(env)
+  if (demo) loadDemoConfig(env)
+  await portFree(config)
 }
 
 /** What AUTH_ISSUERS lists: an identity provider whose JWTs are accepted. */

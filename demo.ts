@@ -2,7 +2,7 @@ import pg from 'pg'
 import { basename, dirname, join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 import { buildApp } from './app.js'
-import { ConfigError, loadConfig } from './config.js'
+import { ConfigError, listenFailure, loadConfig, loadDemoConfig } from './config.js'
 import { loadFixtureFile } from './db/fixtures.js'
 import { migrateToLatest } from './db/migrate.js'
 import { createDb } from './db/pool.js'
@@ -168,9 +168,11 @@ export class DemoOrchestrator {
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const main = async () => {
     const config = loadConfig()
+    const { DEMO_INTERVAL_MS: interval } = loadDemoConfig()
     const app = await buildApp(config)
     await migrateToLatest(app.databaseUrl)
-    await app.listen({ host: config.HOST, port: config.PORT })
+    // Taken since `npm run demo` checked it (scripts/check-settings.ts), or never checked (`node dist/demo.js`).
+    await app.listen({ host: config.HOST, port: config.PORT }).catch((err: unknown) => { throw listenFailure(err, config) })
     const pool = new pg.Pool({ connectionString: app.databaseUrl, max: 2, application_name: 'ocp-demo-orchestrator' })
     pool.on('error', () => {})
     const writer = createDb(pool)
@@ -179,7 +181,6 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
     const { inserted } = await loadFixtureFile(writer, join(basename(here) === 'dist' ? dirname(here) : here, 'fixtures/demo.json'))
     app.log.info({ inserted }, 'demo: fixtures/demo.json loaded')
     const orchestrator = new DemoOrchestrator(writer)
-    const interval = Number(process.env.DEMO_INTERVAL_MS ?? 1000)
     app.log.info(`demo: a simulated orchestrator writes every ${interval} ms; open http://localhost:${config.PORT}/`)
     let stopping = false
     const stop = async () => {

@@ -1,6 +1,6 @@
 import closeWithGrace from 'close-with-grace'
 import type { FastifyInstance } from 'fastify'
-import { ConfigError, loadConfig, type Config } from './config.js'
+import { ConfigError, listenFailure, loadConfig, type Config } from './config.js'
 import type {} from './plugins/app/db.js' // the types of its decorators (the module itself loads with the app)
 import { startTracing } from './tracing.js'
 
@@ -57,7 +57,8 @@ async function main () {
     await app.close()
     await tracing?.shutdown()
   })
-  await app.listen({ host: config.HOST, port: config.PORT })
+  // A port in use names PORT (`npm start` checked it before building, but it may have been taken since).
+  await app.listen({ host: config.HOST, port: config.PORT }).catch((err: unknown) => { throw listenFailure(err, config) })
 }
 
 main().catch((err: unknown) => {

@@ -3,6 +3,7 @@ import t, { type Test } from 'tap'
 import { EXIT, main, parseDuration, type Io } from '../client/src/ocp-api.js'
 import type { Config } from '../config.js'
 import { serve as serveApp } from './helpers/app.js'
+import { createRun } from '../db/writer.js'
 import { insertGraph, makeRun, makeTask, makeAttempt, makeThread, makeMessage, writer } from './helpers/fixtures.js'
 import { insertEvents } from './helpers/sse.js'
 import { spawn } from 'node:child_process'
@@ -66,7 +67,7 @@ t.test('--help on every command; usage errors are exit 2 with the usage, never a
     [['run'], /run takes one RUN_ID/],
     [['run', 'a', 'b'], /run takes one RUN_ID, not 2 arguments/],
     [['watch', '--after=-1'], /--after must be an event id/],
-    [['wait', 'run-cli'], /--until is required/],
+    [['wait', 'run-cli', '--until', ','], /--until must name a status/],
     [['wait', 'run-cli', '--until', 'done', '--timeout', '3 weeks'], /--timeout must be a duration such as 90s, 10m, 1h or 500ms, not "3 weeks"/],
     [['watch', '--connect-timeout', 'soon'], /--connect-timeout must be a duration such as 90s, 10m, 1h or 500ms, not "soon"/],
     [['runs', '--url', 'ftp://x'], /--url must be an http\(s\) URL/]
@@ -197,8 +198,8 @@ t.test('wait: on the stream until the status is in --until; exit 0 in --ok, 1 ou
   t.match(timedOut.stderr, /timed out after 700ms: run run-cli is still running, waiting for done/)
   t.equal(timedOut.stdout, '')
 
-  const unknown = await cli(['wait', 'no-such-run', '--until', 'done'], env)
-  t.equal(unknown.code, EXIT.usage, 'an unknown run')
+  const unknown = await cli(['wait', 'no-such-run', '--until', 'done', '--fail-if-missing'], env)
+  t.equal(unknown.code, EXIT.usage, 'an unknown run, with --fail-if-missing')
   t.match(unknown.stderr, /^ocp-api: run not found \(HTTP 404 not_found/)
 
   const unreachable = await cli(['wait', 'run-cli', '--until', 'done', '--timeout', '1s', '--url', `http://127.0.0.1:${await freePort()}`])
@@ -226,11 +227,96 @@ t.test('wait --timeout 0 checks once: 0 or 1 from the status now, 3 when it is n
   t.equal(notYet.code, EXIT.timeout)
   t.equal(notYet.stderr, 'ocp-api: run run-cli is running, not done or failed (--timeout 0: checked once)\n')
   t.equal(notYet.stdout, '')
-  const unknown = await cli(['wait', 'no-such-run', '--until', 'done', '--timeout', '0'], env)
+  const unknown = await cli(['wait', 'no-such-run', '--until', 'done', '--timeout', '0', '--fail-if-missing'], env)
   t.equal(unknown.code, EXIT.usage)
   t.match(unknown.stderr, /^ocp-api: run not found \(HTTP 404 not_found/)
+  const notThere = await cli(['wait', 'no-such-run', '--timeout', '0'], env)
+  t.equal(notThere.code, EXIT.timeout, 'without --fail-if-missing, a run not there yet is a timeout')
+  t.equal(notThere.stderr, 'ocp-api: run no-such-run does not exist (--timeout 0: checked once)\n')
   const down = await cli(['wait', 'run-cli', '--until', 'done', '--timeout', '0', '--url', `http://127.0.0.1:${await freePort()}`])
   t.equal(down.code, EXIT.failed, 'out of reach: 1, at once')
+})
+
+t.test('wait and watch started before the run exists wait for it to appear, within --timeout; --until defaults to the run\'s end', async (t) => {
+  const { url } = await serve(t)
+  const env = { OCP_API_URL: url }
+  const db = await writer()
+
+  // Created with its event (as an orchestrator does): the stream says so at once.
+  const progress = { stdout: '', stderr: '' }
+  const waiting = cli(['wait', 'run-late', '--ok', 'done', '--timeout', '30s'], env, { output: progress })
+  const watchOutput = { stdout: '', stderr: '' }
+  const stopWatch = new AbortController()
+  const watching = cli(['watch', '--run', 'run-late', '--json'], env, { signal: stopWatch.signal, output: watchOutput })
+  await waitUntil(() => progress.stderr.includes('run run-late does not exist yet') && watchOutput.stderr.includes('run run-late does not exist yet'), 'wait and watch to find no run')
+  await createRun(db, { run_id: 'run-late', goal: 'Late', summary: '', status: 'running' })
+  await waitUntil(() => progress.stderr.includes('run run-late is running'), 'the CLI to read the run')
+  await setRunStatus('run-late', 'done')
+  const done = await waiting
+  t.equal(done.code, EXIT.ok, done.stderr)
+  t.equal(JSON.parse(done.stdout).run.status, 'done')
+  t.match(done.stderr, /^ocp-api: run run-late does not exist yet; waiting for it to appear \(--fail-if-missing: exit 2 instead\)\n(.*\n)*ocp-api: run run-late is running, waiting for done, failed\n(.*\n)*ocp-api: run run-late is done\n$/, 'the default --until: done, failed')
+  await waitUntil(() => watchOutput.stdout.split('\n').length === 3, 'the watch to show both events')
+  stopWatch.abort()
+  t.equal((await watching).code, EXIT.ok)
+  t.same(watchOutput.stdout.trim().split('\n').map((line) => JSON.parse(line).event_type), ['run_created', 'run_status'], 'every event of the run, from its creation')
+
+  // Created without an event (a bare insert): read again every few seconds all the same.
+  const quiet = { stdout: '', stderr: '' }
+  const waitingQuietly = cli(['wait', 'run-quiet', '--timeout', '30s'], env, { output: quiet })
+  await waitUntil(() => quiet.stderr.includes('does not exist yet'), 'the CLI to find no run')
+  await db.insertInto('runs').values(makeRun({ run_id: 'run-quiet', status: 'failed' })).execute()
+  const quietEnd = await waitingQuietly
+  t.equal(quietEnd.code, EXIT.ok, 'no --ok: any end is success')
+  t.equal(JSON.parse(quietEnd.stdout).run.status, 'failed')
+
+  const never = await cli(['wait', 'run-never', '--timeout', '2500ms'], env)
+  t.equal(never.code, EXIT.timeout, 'a run that never appears')
+  t.match(never.stderr, /\nocp-api: timed out after 2500ms: run run-never does not exist yet, waiting for done, failed\n$/)
+  t.equal(never.stdout, '')
+
+  const neverWatched = await cli(['watch', '--run', 'run-never', '--thread', 'thread-never', '--after', '3', '--timeout', '500ms'], env)
+  t.equal(neverWatched.code, EXIT.timeout)
+  t.equal(neverWatched.stderr, 'ocp-api: run run-never does not exist yet; waiting for it to appear (--fail-if-missing: exit 2 instead)\n' +
+    'ocp-api: thread thread-never does not exist yet; waiting for it to appear (--fail-if-missing: exit 2 instead)\n' +
+    'ocp-api: timed out after 500ms: run run-never and thread thread-never did not appear\n')
+
+  const stopEarly = new AbortController()
+  const early = { stdout: '', stderr: '' }
+  const interrupted = cli(['watch', '--thread', 'thread-never'], env, { signal: stopEarly.signal, output: early })
+  await waitUntil(() => early.stderr.includes('does not exist yet'), 'the watch to wait')
+  stopEarly.abort()
+  t.equal((await interrupted).code, EXIT.ok, 'interrupted while waiting: the end of a watch, as ever')
+})
+
+t.test('waiting for a run: a refused token ends it (exit 2), an unreachable service gives up after --connect-timeout (exit 1)', async (t) => {
+  // A service that does not know the run, then refuses the token, then is unavailable.
+  let answer: [number, string, string] = [404, 'not_found', 'run not found']
+  const service = createServer((_request, response) => {
+    const [status, code, message] = answer
+    response.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { code, message } }))
+  })
+  await new Promise<void>((resolve) => service.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => service.close())
+  const url = `http://127.0.0.1:${(service.address() as { port: number }).port}`
+
+  const refusedOutput = { stdout: '', stderr: '' }
+  const refusing = cli(['wait', 'run-x', '--url', url], {}, { output: refusedOutput })
+  await waitUntil(() => refusedOutput.stderr.includes('does not exist yet'), 'the wait to wait')
+  answer = [401, 'unauthorized', 'the token is not one this service accepts']
+  const refused = await refusing
+  t.equal(refused.code, EXIT.usage)
+  t.match(refused.stderr, /\nocp-api: the token is not one this service accepts \(HTTP 401 unauthorized, \S+\/api\/runs\/run-x\)\n$/)
+
+  answer = [404, 'not_found', 'thread not found']
+  const unavailableOutput = { stdout: '', stderr: '' }
+  const unavailable = cli(['watch', '--thread', 'thread-x', '--url', url, '--connect-timeout', '1s'], {}, { output: unavailableOutput })
+  await waitUntil(() => unavailableOutput.stderr.includes('does not exist yet'), 'the watch to wait')
+  answer = [503, 'unavailable', 'the database is unavailable']
+  const gaveUp = await unavailable
+  t.equal(gaveUp.code, EXIT.failed)
+  t.match(gaveUp.stderr, /ocp-api: the database is unavailable \(HTTP 503 unavailable, \S+\/api\/threads\/thread-x\); retrying in 2\.0 s\n/)
+  t.match(gaveUp.stderr, /\nocp-api: gave up after 1s \(--connect-timeout\) out of reach of the service: the database is unavailable \(HTTP 503 unavailable, \S+\)\n$/)
 })
 
 t.test('--connect-timeout: wait and watch give up on a service out of reach, exit 1 with the reason in one line', async (t) => {
@@ -260,13 +346,13 @@ t.test('--connect-timeout: wait and watch give up on a service out of reach, exi
   t.match(refused.stderr, /ocp-api: gave up after 400ms \(--connect-timeout\) out of reach of the service: the stream ended: unavailable: the database is unavailable\n$/)
 })
 
-t.test('watch: an unknown run or thread is exit 2; --after 0 starts from the oldest event kept; a cursor no longer kept says what to do', async (t) => {
+t.test('watch: with --fail-if-missing an unknown run or thread is exit 2; --after 0 starts from the oldest event kept; a cursor no longer kept says what to do', async (t) => {
   const { app, url } = await serve(t)
   const env = { OCP_API_URL: url }
-  const unknownRun = await cli(['watch', '--run', 'no-such-run'], env)
+  const unknownRun = await cli(['watch', '--run', 'no-such-run', '--fail-if-missing'], env)
   t.equal(unknownRun.code, EXIT.usage)
   t.match(unknownRun.stderr, /^ocp-api: run not found \(HTTP 404 not_found, \S+\/api\/runs\/no-such-run\)\n$/)
-  const unknownThread = await cli(['watch', '--thread', 'no-such-thread'], env)
+  const unknownThread = await cli(['watch', '--thread', 'no-such-thread', '--fail-if-missing'], env)
   t.equal(unknownThread.code, EXIT.usage)
   t.match(unknownThread.stderr, /^ocp-api: thread not found \(HTTP 404 not_found/)
 
@@ -320,7 +406,7 @@ t.test('the bin: npx ocp-api --help, and a wait as CI runs it', async (t) => {
   const done = await waiting
   t.equal(done.code, 0, done.stderr)
   t.equal(JSON.parse(done.stdout).run.status, 'done')
-  const usage = await runBin(['wait', 'run-bin'], {})
+  const usage = await runBin(['wait', 'run-bin', '--timeout', 'soon'], {})
   t.equal(usage.code, 2)
   t.notMatch(usage.stderr, /\n {4}at /, 'no stack trace')
 })

@@ -1,5 +1,6 @@
+import { createServer } from 'node:net'
 import t from 'tap'
-import { ConfigError, durationMs, loadConfig } from '../config.js'
+import { checkSettings, ConfigError, durationMs, listenFailure, loadConfig, loadDemoConfig, portFree } from '../config.js'
 
 const url = 'postgres://postgres@127.0.0.1:5432/postgres'
 
@@ -100,4 +101,27 @@ t.test('EVENTS_RETENTION: a duration in seconds, minutes, hours or days; absent 
   t.notOk('EVENTS_RETENTION' in loadConfig({ DATABASE_URL: url, EVENTS_RETENTION: '' }), 'empty: the default')
   t.equal(loadConfig({ DATABASE_URL: url, EVENTS_RETENTION: '90s' }).EVENTS_RETENTION, '90s')
   t.same(['90s', '15m', '12h', '30d', '10s'].map(durationMs), [90_000, 900_000, 43_200_000, 2_592_000_000, 10_000])
+})
+
+t.test('the demo\'s settings are read and checked as the service\'s', async (t) => {
+  t.same(loadDemoConfig({}), { DEMO_INTERVAL_MS: 1000 })
+  t.equal(loadDemoConfig({ DEMO_INTERVAL_MS: '250' }).DEMO_INTERVAL_MS, 250)
+  t.throws(() => loadDemoConfig({ DEMO_INTERVAL_MS: 'soon' }), { message: /^invalid configuration: env\/DEMO_INTERVAL_MS must be integer/ })
+})
+
+t.test('before npm run demo and npm start build: the settings, and a port in use named by PORT', async (t) => {
+  const taken = createServer()
+  await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => taken.close())
+  const { port } = taken.address() as { port: number }
+  const inUse = `port ${port} is in use: set PORT to another port`
+  await t.rejects(portFree({ HOST: '127.0.0.1', PORT: port }), new ConfigError(inUse))
+  await t.resolves(portFree({ HOST: '127.0.0.1', PORT: 0 }), 'a free port')
+  const other = Object.assign(new Error('listen EACCES: permission denied'), { code: 'EACCES' })
+  t.equal(listenFailure(other, { PORT: 80 }), other, 'any other failure as it was')
+
+  await t.rejects(checkSettings({ DATABASE_URL: url, HOST: '127.0.0.1', PORT: String(port) }), { message: inUse })
+  await t.rejects(checkSettings({ DATABASE_URL: url, PORT: '99999' }), { message: /PORT must be <= 65535/ })
+  await t.rejects(checkSettings({ HOST: '127.0.0.1', PORT: '0', DEMO_INTERVAL_MS: 'soon' }, { demo: true }), { message: /DEMO_INTERVAL_MS must be integer/ })
+  await t.resolves(checkSettings({ HOST: '127.0.0.1', PORT: '0', DEMO_INTERVAL_MS: 'soon' }), 'npm start reads no demo setting')
 })

@@ -1,9 +1,13 @@
+import { createServer } from 'node:net'
 import t from 'tap'
 import { DemoOrchestrator, seededRandom } from '../demo.js'
 import { postMessage, recordChange } from '../db/writer.js'
 import { build } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
+import { testDatabaseUrl } from './helpers/database.js'
+import { runAsUser } from './helpers/docs.js'
 import { writer } from './helpers/fixtures.js'
+import { root, runScript } from './helpers/run.js'
 import { openStream } from './helpers/sse.js'
 
 // The demo's simulated orchestrator, written through db/writer.ts: every
@@ -75,4 +79,38 @@ t.test('recordChange commits the change and its event together, or neither', asy
   }), 'a change that fails')
   const after = Number((await db.selectFrom('events').select(db.fn.countAll<string>().as('n')).executeTakeFirstOrThrow()).n)
   t.equal(after, before, 'leaves no event behind')
+})
+
+t.test('npm run demo checks its settings before it builds; a port in use is named by PORT', async (t) => {
+  /** npm's lines of a script it ran: the build's would be there had it started. */
+  const built = (stdout: string) => /> ocp-api@\S+ build\n/.test(stdout)
+  const badPort = await runAsUser(['npm', 'run', 'demo'], root, { PORT: '99999' })
+  t.equal(badPort.code, 1)
+  t.match(badPort.stderr, /^invalid configuration: env\/PORT must be <= 65535\n/)
+  t.notOk(built(badPort.stdout), 'said before the build')
+  const badInterval = await runAsUser(['npm', 'run', 'demo'], root, { DEMO_INTERVAL_MS: 'soon' })
+  t.equal(badInterval.code, 1)
+  t.match(badInterval.stderr, /^invalid configuration: env\/DEMO_INTERVAL_MS must be integer\n/, 'the demo\'s own setting too')
+  t.notOk(built(badInterval.stdout))
+
+  const taken = createServer()
+  await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => taken.close())
+  const { port } = taken.address() as { port: number }
+  const inUse = `port ${port} is in use: set PORT to another port\n`
+  const busy = await runAsUser(['npm', 'run', 'demo'], root, { HOST: '127.0.0.1', PORT: String(port) })
+  t.equal(busy.code, 1)
+  t.match(busy.stderr, new RegExp(`^${inUse}`))
+  t.notOk(built(busy.stdout), 'said before the build')
+  // The demo itself (built, or run without npm), when the port was taken after the check: the same words.
+  const demo = await runScript('demo.ts', { DATABASE_URL: await testDatabaseUrl(), HOST: '127.0.0.1', PORT: String(port), LOG_LEVEL: 'silent' })
+  t.equal(demo.code, 1)
+  t.equal(demo.stderr, inUse)
+  // The check npm runs, run here as it is (with this process's coverage).
+  const free = await runScript(['scripts/check-settings.ts', '--demo'], { HOST: '127.0.0.1', PORT: '0' })
+  t.equal(free.code, 0, 'good settings pass, silently')
+  t.equal(free.stderr, '')
+  const refused = await runScript(['scripts/check-settings.ts', '--demo'], { HOST: '127.0.0.1', PORT: String(port) })
+  t.equal(refused.code, 1)
+  t.equal(refused.stderr, inUse)
 })

@@ -7,6 +7,9 @@ import { migrations } from '../db/migrations/index.js'
 import { serverDatabaseUrl, testPool, withAdmin, withDatabase } from './helpers/database.js'
 import { runScript as run } from './helpers/run.js'
 import { openStream } from './helpers/sse.js'
+import { runAsUser } from './helpers/docs.js'
+import { root } from './helpers/run.js'
+import { createServer } from 'node:net'
 
 // The two entry points as a user runs them: the server and `npm run migrate`.
 
@@ -89,6 +92,26 @@ t.test('the server refuses a bad configuration, naming the variable', async (t) 
   const badRetention = await run('server.ts', { DATABASE_URL: 'postgres://x/y', EVENTS_RETENTION: '30 days' })
   t.equal(badRetention.code, 1)
   t.match(badRetention.stderr, /EVENTS_RETENTION must match pattern/)
+})
+
+t.test('a port in use is named by PORT: npm start says so before it builds, the server when it listens', async (t) => {
+  const taken = createServer()
+  await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => taken.close())
+  const { port } = taken.address() as { port: number }
+  const inUse = `port ${port} is in use: set PORT to another port\n`
+  const started = await runAsUser(['npm', 'start'], root, { HOST: '127.0.0.1', PORT: String(port) })
+  t.equal(started.code, 1)
+  t.match(started.stderr, new RegExp(`^${inUse}`))
+  t.notMatch(started.stdout, /> ocp-api@\S+ build\n/, 'before the build')
+  const badSetting = await runAsUser(['npm', 'start'], root, { LOG_LEVEL: 'loud' })
+  t.equal(badSetting.code, 1)
+  t.match(badSetting.stderr, /^invalid configuration: env\/LOG_LEVEL must be equal to one of the allowed values\n/)
+  // The server itself (the image's command, or a port taken after the check).
+  const url = await emptyDatabase(t, 'port_in_use')
+  const outcome = await run('server.ts', { DATABASE_URL: url, HOST: '127.0.0.1', PORT: String(port), LOG_LEVEL: 'silent' })
+  t.equal(outcome.code, 1)
+  t.equal(outcome.stderr, inUse)
 })
 
 t.test('the server exits non-zero when the database is unreachable at start', async (t) => {

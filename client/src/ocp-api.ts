@@ -7,7 +7,7 @@
  * line each, never a stack trace. Exit codes: EXIT_CODES below.
  */
 import { parseArgs, type ParseArgsConfig } from 'node:util'
-import { ApiError, createClient, CursorExpired, MAX_PAGE_LIMIT, type Client, type Event, type RunDetail, type RunListItem, type StreamStatus } from './index.js'
+import { ApiError, createClient, CursorExpired, MAX_PAGE_LIMIT, type Client, type Event, type EventFilter, type Followed, type FollowOptions, type Live, type RunDetail, type RunListItem, type StreamStatus } from './index.js'
 
 export const EXIT = { ok: 0, failed: 1, usage: 2, timeout: 3 } as const
 
@@ -23,6 +23,10 @@ export interface Io {
 
 const DEFAULT_URL = 'http://127.0.0.1:8080'
 const DEFAULT_CONNECT_TIMEOUT = '30s'
+/** wait's default --until: the statuses a run ends in. */
+const RUN_ENDS = 'done,failed'
+/** How often a run or thread that does not exist yet is read again, besides on each event the stream has of it. */
+const APPEAR_POLL_MS = 2000
 
 const COMMON = `Options of every command:
   --url URL      the service (default: $OCP_API_URL, else ${DEFAULT_URL})
@@ -33,13 +37,18 @@ const CONNECT_TIMEOUT = `  --connect-timeout DURATION  give up (exit 1) once the
                               reach this long, at the start or after a drop
                               (default ${DEFAULT_CONNECT_TIMEOUT})`
 
+const failIfMissingHelp = (what: string) => `  --fail-if-missing           exit 2 at once when the ${what} does not exist,
+                              instead of waiting for it to appear`
+
 const EXIT_CODES = `Exit codes:
   0  success (wait: the run reached a status in --ok, or --ok was not given)
   1  the service could not be reached (run, runs: at once; wait, watch: for
      --connect-timeout); wait: the run reached a status not in --ok, or was
      interrupted; watch: the events it resumes from are no longer kept
-  2  usage error, unknown run or thread, refused token
-  3  wait: --timeout passed before the run reached a status in --until`
+  2  usage error, refused token, unknown run or thread (run; wait and watch
+     with --fail-if-missing)
+  3  --timeout passed: wait: before the run reached a status in --until;
+     watch: before the run or thread appeared`
 
 const USAGE = {
   main: `Usage: ocp-api COMMAND [options]
@@ -48,7 +57,7 @@ Commands:
   runs            list runs, newest first
   run RUN_ID      a run: its task counts, tasks and blocked tasks
   watch           live events, one line each
-  wait RUN_ID     wait (on the event stream) until a run reaches a status
+  wait RUN_ID     wait (on the event stream) until a run ends, or reaches a status
 
 ${EXIT_CODES}
 
@@ -73,27 +82,39 @@ A run: its status, task counts, tasks and blocked tasks.
   --json   the response body as JSON
 
 ${COMMON}`,
-  watch: `Usage: ocp-api watch [--run RUN_ID] [--thread THREAD_ID] [--after N] [--json] [--connect-timeout DURATION]
+  watch: `Usage: ocp-api watch [--run RUN_ID] [--thread THREAD_ID] [--after N] [--json] [--timeout DURATION] [--fail-if-missing] [--connect-timeout DURATION]
 
 Live events, one line each, until interrupted. Resumes after the last event
-received when the connection drops. An unknown run or thread is exit 2.
+received when the connection drops. A run or thread that does not exist yet
+is waited for (read again on its events, and every ${APPEAR_POLL_MS / 1000} s), then all its
+events are shown: start the watch before the orchestrator creates it.
 
   --run RUN_ID        only this run's events
   --thread THREAD_ID  only this thread's events
-  --after N           start after event N (0: from the oldest event kept); default: from now
+  --after N           start after event N (0: from the oldest event kept); default:
+                      from now, or from the first event of a run or thread that
+                      did not exist yet
   --json              each event as one line of JSON (NDJSON)
+  --timeout DURATION  give up (exit 3) when the run or thread has not appeared
+                      after it; default: wait as long as it takes
+${failIfMissingHelp('run or thread')}
 ${CONNECT_TIMEOUT}
 
 ${COMMON}`,
-  wait: `Usage: ocp-api wait RUN_ID --until STATUS[,STATUS...] [--ok STATUS[,STATUS...]] [--timeout DURATION] [--connect-timeout DURATION]
+  wait: `Usage: ocp-api wait RUN_ID [--until STATUS[,STATUS...]] [--ok STATUS[,STATUS...]] [--timeout DURATION] [--fail-if-missing] [--connect-timeout DURATION]
 
-Waits, on the event stream (never polling), until the run's status is one of
---until, then prints the run (RunDetail) as JSON to stdout. Progress goes to
-stderr. Durations: 90s, 10m, 1h, 500ms (a bare number is seconds).
+Waits, on the event stream, until the run's status is one of --until, then
+prints the run (RunDetail) as JSON to stdout. A run that does not exist yet
+is waited for (read again on its events, and every ${APPEAR_POLL_MS / 1000} s): start the wait
+before the orchestrator creates the run. Progress goes to stderr.
+Durations: 90s, 10m, 1h, 500ms (a bare number is seconds).
 
-  --until S[,S...]    the statuses to wait for (the orchestrator's strings)
+  --until S[,S...]    the statuses to wait for (the orchestrator's strings;
+                      default ${RUN_ENDS}, a run's end)
   --ok S[,S...]       the statuses that mean success
-  --timeout DURATION  give up (exit 3) after it; 0: check once, now
+  --timeout DURATION  give up (exit 3) after it, whether the run exists yet or
+                      not; 0: check once, now
+${failIfMissingHelp('run')}
 ${CONNECT_TIMEOUT}
 
 ${EXIT_CODES}
@@ -116,8 +137,8 @@ const common = {
 const commandOptions = {
   runs: { ...common, status: { type: 'string' }, limit: { type: 'string' }, cursor: { type: 'string' }, json: { type: 'boolean' } },
   run: { ...common, json: { type: 'boolean' } },
-  watch: { ...common, run: { type: 'string' }, thread: { type: 'string' }, after: { type: 'string' }, json: { type: 'boolean' }, 'connect-timeout': { type: 'string' } },
-  wait: { ...common, until: { type: 'string' }, ok: { type: 'string' }, timeout: { type: 'string' }, 'connect-timeout': { type: 'string' } }
+  watch: { ...common, run: { type: 'string' }, thread: { type: 'string' }, after: { type: 'string' }, json: { type: 'boolean' }, timeout: { type: 'string' }, 'fail-if-missing': { type: 'boolean' }, 'connect-timeout': { type: 'string' } },
+  wait: { ...common, until: { type: 'string' }, ok: { type: 'string' }, timeout: { type: 'string' }, 'fail-if-missing': { type: 'boolean' }, 'connect-timeout': { type: 'string' } }
 } as const satisfies Record<Exclude<Command, 'main'>, ParseArgsConfig['options']>
 
 /** A duration: 90s, 10m, 1h, 500ms; a bare number is seconds. */
@@ -139,6 +160,9 @@ function durationOption (text: string, name: string, command: Command): { text: 
 
 const connectTimeoutOption = (values: Values, command: Command) =>
   durationOption((values['connect-timeout'] as string | undefined) ?? DEFAULT_CONNECT_TIMEOUT, 'connect-timeout', command)
+
+const timeoutOption = (values: Values, command: Command) =>
+  values.timeout === undefined ? undefined : durationOption(values.timeout as string, 'timeout', command)
 
 const list = (text: string | undefined) => (text ?? '').split(',').map((item) => item.trim()).filter((item) => item !== '')
 
@@ -245,28 +269,115 @@ async function runCommand (client: Client, runId: string, json: boolean, io: Io)
   return EXIT.ok
 }
 
+type Deadline = ReturnType<typeof connectDeadline>
+
+const isNotFound = (error: unknown) => error instanceof ApiError && error.status === 404
+
+/**
+ * After a read of a run or thread answered 404: waits for it to exist. It
+ * is read again on each of its events (the stream filtered by `filter`, from
+ * now) and at least every APPEAR_POLL_MS, which also catches what the stream
+ * cannot tell: a creation committed before the position it starts from (a
+ * position read on a replica ahead of the one that answered 404). True once
+ * a read answers; false once `signal` aborts. A refusal retrying cannot fix
+ * (but 404) throws; any other goes to the deadline, and is tried again.
+ */
+async function appears (client: Client, read: (signal: AbortSignal) => Promise<unknown>, filter: EventFilter, signal: AbortSignal, deadline: Deadline): Promise<boolean> {
+  const stop = new AbortController()
+  const abort = () => stop.abort()
+  signal.addEventListener('abort', abort, { once: true })
+  let wake!: () => void
+  const events = async () => {
+    for await (const _event of client.watch(filter, { signal: stop.signal })) wake()
+  }
+  // The stream only hastens the reads, which meet (and report) its refusals too.
+  events().catch(() => {})
+  try {
+    while (!signal.aborted) {
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(woken, APPEAR_POLL_MS)
+        function woken () {
+          clearTimeout(timer)
+          stop.signal.removeEventListener('abort', woken)
+          resolve()
+        }
+        wake = woken
+        stop.signal.addEventListener('abort', woken, { once: true })
+      })
+      if (signal.aborted) break
+      try {
+        await read(stop.signal)
+        return true
+      } catch (error) {
+        /* c8 ignore next 2: stopped while a read was under way (timing); anything but an ApiError is a bug */
+        if (signal.aborted) break
+        if (!(error instanceof ApiError)) throw error
+        if (error.terminal && error.status !== 404) throw error
+        if (error.status === 404) deadline.clear() // an answer: the service is in reach
+        else deadline.onStatus({ state: 'retrying', delayMs: APPEAR_POLL_MS, reason: error.detail, error })
+      }
+    }
+    return false
+  } finally {
+    stop.abort()
+    signal.removeEventListener('abort', abort)
+  }
+}
+
+/** What watch follows: a run, a thread. */
+interface Target {
+  name: string
+  filter: EventFilter
+  follow: (options: FollowOptions) => AsyncGenerator<Followed<unknown>, void, undefined>
+  read: (signal: AbortSignal) => Promise<unknown>
+}
+
 async function watchCommand (client: Client, values: Values, io: Io): Promise<number> {
   let after: number | undefined
   if (values.after !== undefined) {
     after = /^\d{1,16}$/.test(values.after as string) ? Number(values.after) : Number.NaN
     if (!Number.isSafeInteger(after)) throw new UsageError(`--after must be an event id (a non-negative integer), not "${values.after}"`, 'watch')
   }
+  const timeout = timeoutOption(values, 'watch')
   const connectTimeout = connectTimeoutOption(values, 'watch')
   const runId = values.run as string | undefined
   const threadId = values.thread as string | undefined
+  const targets: Target[] = [
+    ...(runId ? [{ name: `run ${runId}`, filter: { run_id: runId }, follow: (options: FollowOptions) => client.followRun(runId, options), read: (signal: AbortSignal) => client.runRead(runId, signal) }] : []),
+    ...(threadId ? [{ name: `thread ${threadId}`, filter: { thread_id: threadId }, follow: (options: FollowOptions) => client.followThread(threadId, options), read: (signal: AbortSignal) => client.threadRead(threadId, signal) }] : [])
+  ]
   const stop = new AbortController()
   const interrupted = () => stop.abort()
   io.signal?.addEventListener('abort', interrupted, { once: true })
-  let gaveUp: string | undefined
-  const deadline = connectDeadline(connectTimeout, io, (reason) => {
-    gaveUp = reason
+  /** Why the watch ended other than interrupted: its exit code and what to say. */
+  let ended: { code: number, reason: string } | undefined
+  const end = (code: number, reason: string) => {
+    ended = { code, reason }
     stop.abort()
-  })
+  }
+  const deadline = connectDeadline(connectTimeout, io, (reason) => end(EXIT.failed, reason))
   const options = { signal: stop.signal, onStatus: deadline.onStatus }
+  let timer: ReturnType<typeof setTimeout> | undefined
   try {
     // The stream takes any id: a read first, so that an unknown one is a 404 (follow* retries the read as the stream would).
-    if (runId) for await (const _read of client.followRun(runId, options)) break
-    if (threadId) for await (const _read of client.followThread(threadId, options)) break
+    const missing: Target[] = []
+    for (const target of targets) {
+      try {
+        for await (const _read of target.follow(options)) break
+      } catch (error) {
+        if (values['fail-if-missing'] || !isNotFound(error)) throw error
+        missing.push(target)
+      }
+    }
+    if (missing.length > 0) {
+      deadline.clear()
+      for (const target of missing) io.stderr(`ocp-api: ${target.name} does not exist yet; waiting for it to appear (--fail-if-missing: exit 2 instead)\n`)
+      if (timeout !== undefined) timer = setTimeout(() => end(EXIT.timeout, `timed out after ${timeout.text}: ${missing.map((target) => target.name).join(' and ')} did not appear`), timeout.ms)
+      for (const target of missing) await appears(client, target.read, target.filter, stop.signal, deadline)
+      clearTimeout(timer)
+      // Every event of what did not exist at the start came after it.
+      after ??= 0
+    }
     deadline.clear()
     const filter = { ...(runId ? { run_id: runId } : {}), ...(threadId ? { thread_id: threadId } : {}) }
     for await (const event of client.watch(filter, { after, ...options })) io.stdout(values.json ? JSON.stringify(event) + '\n' : eventLine(event, io))
@@ -275,20 +386,22 @@ async function watchCommand (client: Client, values: Values, io: Io): Promise<nu
     io.stderr(`ocp-api: the events after ${error.cursor} are no longer kept (the service's EVENTS_RETENTION); --after 0 starts from the oldest kept\n`)
     return EXIT.failed
   } finally {
+    clearTimeout(timer)
     deadline.clear()
     io.signal?.removeEventListener('abort', interrupted)
   }
-  if (gaveUp === undefined) return EXIT.ok
-  io.stderr(`ocp-api: ${gaveUp}\n`)
-  return EXIT.failed
+  if (ended === undefined) return EXIT.ok
+  io.stderr(`ocp-api: ${ended.reason}\n`)
+  return ended.code
 }
 
 async function waitCommand (client: Client, runId: string, values: Values, io: Io): Promise<number> {
-  const until = list(values.until as string | undefined)
-  if (until.length === 0) throw new UsageError('--until is required: the statuses to wait for, comma-separated', 'wait')
+  const until = list((values.until as string | undefined) ?? RUN_ENDS)
+  if (until.length === 0) throw new UsageError('--until must name a status: the statuses to wait for, comma-separated', 'wait')
   const ok = values.ok === undefined ? undefined : list(values.ok as string)
-  const timeout = values.timeout === undefined ? undefined : durationOption(values.timeout as string, 'timeout', 'wait')
+  const timeout = timeoutOption(values, 'wait')
   const connectTimeout = connectTimeoutOption(values, 'wait')
+  const failIfMissing = Boolean(values['fail-if-missing'])
   /** The exit code once the run's status is one of --until (the run printed), else undefined. */
   const outcome = (detail: RunDetail): number | undefined => {
     const { status } = detail.run
@@ -300,22 +413,39 @@ async function waitCommand (client: Client, runId: string, values: Values, io: I
   }
   if (timeout?.ms === 0) {
     // No time to wait: one read decides (an error is the main catch's).
-    const { run: detail } = await client.run(runId)
+    let detail: RunDetail
+    try {
+      detail = (await client.run(runId)).run
+    } catch (error) {
+      if (failIfMissing || !isNotFound(error)) throw error
+      io.stderr(`ocp-api: run ${runId} does not exist (--timeout 0: checked once)\n`)
+      return EXIT.timeout
+    }
     const code = outcome(detail)
     if (code !== undefined) return code
     io.stderr(`ocp-api: run ${runId} is ${detail.run.status}, not ${until.join(' or ')} (--timeout 0: checked once)\n`)
     return EXIT.timeout
   }
   return await new Promise<number>((resolve) => {
+    const stop = new AbortController()
     let lastStatus: string | undefined
+    /** Where the run is, for the timeout's message. */
+    let state = 'is not read yet'
+    let live: Live | undefined
     const finish = (code: number) => {
+      stop.abort()
       clearTimeout(timer)
       deadline.clear()
       io.signal?.removeEventListener('abort', interrupted)
-      live.close()
+      live?.close()
       resolve(code)
     }
     const interrupted = () => finish(EXIT.failed)
+    /** A refusal retrying cannot fix (a refused token; an unknown run, with --fail-if-missing) ends the wait. */
+    const refused = (error: ApiError) => {
+      io.stderr(`ocp-api: ${error.message}\n`)
+      finish(exitCodeOf(error))
+    }
     const deadline = connectDeadline(connectTimeout, io, (reason) => {
       io.stderr(`ocp-api: ${reason}\n`)
       finish(EXIT.failed)
@@ -323,24 +453,35 @@ async function waitCommand (client: Client, runId: string, values: Values, io: I
     const timer = timeout === undefined
       ? undefined
       : setTimeout(() => {
-        io.stderr(`ocp-api: timed out after ${timeout.text}: run ${runId} is ${lastStatus === undefined ? 'not read yet' : `still ${lastStatus}`}, waiting for ${until.join(', ')}\n`)
+        io.stderr(`ocp-api: timed out after ${timeout.text}: run ${runId} ${state}, waiting for ${until.join(', ')}\n`)
         finish(EXIT.timeout)
       }, timeout.ms)
-    const live = client.liveRun(runId, ({ run: detail }) => {
-      deadline.clear()
-      const { status } = detail.run
-      if (status !== lastStatus) io.stderr(`ocp-api: run ${runId} is ${status}${until.includes(status) ? '' : `, waiting for ${until.join(', ')}`}\n`)
-      lastStatus = status
-      const code = outcome(detail)
-      if (code !== undefined) finish(code)
-    }, {
-      onStatus: deadline.onStatus,
-      // A refusal retrying cannot fix (an unknown run, a refused token) ends the loop.
-      onError: (error) => {
-        io.stderr(`ocp-api: ${error.message}\n`)
-        finish(exitCodeOf(error))
-      }
-    })
+    /** The run, kept current; when it does not exist (yet, or on this replica yet), once it appears. */
+    const follow = () => {
+      live = client.liveRun(runId, ({ run: detail }) => {
+        deadline.clear()
+        const { status } = detail.run
+        if (status !== lastStatus) io.stderr(`ocp-api: run ${runId} is ${status}${until.includes(status) ? '' : `, waiting for ${until.join(', ')}`}\n`)
+        lastStatus = status
+        state = `is still ${status}`
+        const code = outcome(detail)
+        if (code !== undefined) finish(code)
+      }, {
+        onStatus: deadline.onStatus,
+        onError: (error) => {
+          if (failIfMissing || !isNotFound(error)) {
+            refused(error)
+            return
+          }
+          deadline.clear()
+          state = 'does not exist yet'
+          io.stderr(`ocp-api: run ${runId} does not exist yet; waiting for it to appear (--fail-if-missing: exit 2 instead)\n`)
+          appears(client, (signal) => client.runRead(runId, signal), { run_id: runId }, stop.signal, deadline)
+            .then((found) => { if (found) follow() }, refused)
+        }
+      })
+    }
+    follow()
     io.signal?.addEventListener('abort', interrupted, { once: true })
   })
 }

@@ -39,6 +39,9 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
   await seed.end()
   const read = await fetch(`${api}/api/runs/run-compose`)
   t.equal(read.status, 200, 'a read on the default profile')
+  const clientPackage = await fetch(`${api}/client/ocp-api-client.tgz`)
+  t.equal(clientPackage.status, 200, 'the image serves the client package its build packed (docs/clients.md, "The command line")')
+  t.equal(clientPackage.headers.get('content-type'), 'application/gzip')
 
   // The scale profile: two more replicas and nginx.
   scale('up', '-d')
