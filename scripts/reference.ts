@@ -83,30 +83,27 @@ const headerName = (name: string) => name === 'etag' ? 'ETag' : name.split('-').
 
 const METHOD_ORDER = ['get', 'head', 'post', 'put', 'patch', 'delete']
 
-/** The operations, each once (a route that answers several methods alike is one). */
+/** The operations, one per path and method (each has its own operationId). */
 function operationsOf (doc: OpenApiDocument) {
-  const byId = new Map<string, { methods: string[], path: string, operation: Operation }>()
+  const operations: Array<{ method: string, path: string, operation: Operation }> = []
   for (const [path, methods] of Object.entries(doc.paths)) {
     for (const method of METHOD_ORDER) {
       const operation = methods[method]
-      if (operation === undefined) continue
-      const seen = byId.get(operation.operationId)
-      if (seen === undefined) byId.set(operation.operationId, { methods: [method.toUpperCase()], path, operation })
-      else seen.methods.push(method.toUpperCase())
+      if (operation !== undefined) operations.push({ method: method.toUpperCase(), path, operation })
     }
   }
-  return [...byId.values()]
+  return operations
 }
 
 /** The generated block `endpoints`: a table of every operation, then each in detail. */
 export function endpointsBlock (doc: OpenApiDocument): string {
   const operations = operationsOf(doc)
   const lines = ['| Operation | Method | Path | What it answers |', '|---|---|---|---|']
-  for (const { methods, path, operation } of operations) {
-    lines.push(`| [${operation.operationId}](#${operation.operationId.toLowerCase()}) | ${methods.join(', ')} | \`${path}\` | ${cell(operation.summary)} |`)
+  for (const { method, path, operation } of operations) {
+    lines.push(`| [${operation.operationId}](#${operation.operationId.toLowerCase()}) | ${method} | \`${path}\` | ${cell(operation.summary)} |`)
   }
-  for (const { methods, path, operation } of operations) {
-    lines.push('', `### ${operation.operationId}`, '', `\`${methods.join(', ')} ${path}\`: ${cell(operation.summary)}.`)
+  for (const { method, path, operation } of operations) {
+    lines.push('', `### ${operation.operationId}`, '', `\`${method} ${path}\`: ${cell(operation.summary)}.`)
     if (operation.description !== undefined) lines.push('', cell(operation.description))
     const parameters = operation.parameters ?? []
     if (parameters.length > 0) {

@@ -212,6 +212,8 @@ t.test('a keeper whose lease another replica took publishes nothing, says so, fo
   t.teardown(() => upkeep.stop())
   upkeep.start()
   await waitUntil(() => upkeep.leading, 'it to take the lease')
+  // After a partition pass, so that it holds the partitions' connection too, which it must let go.
+  await waitUntil(() => upkeep.passes > 0, 'its first partition pass')
   // Another replica takes the lease, as it would once this one's lapsed (in one transaction, so no tick renews it between).
   await admin.query('begin')
   await admin.query(`update event_log_state set keeper_until = clock_timestamp() - interval '1 second'`)

@@ -249,9 +249,7 @@ export class EventLogUpkeep {
     this.#leading = false
     this.#term = undefined
     // The partitions' connection is the keeper's alone: a follower holds none open.
-    const partitionClient = this.#partitionClient
-    this.#partitionClient = undefined
-    void partitionClient?.end().catch(() => {})
+    void this.#dropPartitionClient()
     this.#stepping = false
     this.#schedule(RETRY_MS)
   }
@@ -280,10 +278,15 @@ export class EventLogUpkeep {
     } catch (err) {
       if (!this.#stopped && !this.#passFailing) this.options.log.warn({ err }, 'event log partitions: a pass failed; retrying on the next tick')
       this.#passFailing = true
-      const client = this.#partitionClient
-      this.#partitionClient = undefined
-      await client?.end().catch(() => {})
+      await this.#dropPartitionClient()
     }
+  }
+
+  /** Ends the partitions' connection, if one is open; the next pass opens another. */
+  async #dropPartitionClient (): Promise<void> {
+    const client = this.#partitionClient
+    this.#partitionClient = undefined
+    await client?.end().catch(() => {})
   }
 
   async #connect (applicationName: string, statementTimeoutMs?: number): Promise<pg.Client> {
