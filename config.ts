@@ -158,8 +158,21 @@ export function issuersOf (config: Pick<Config, 'AUTH_ISSUERS'>): IssuerConfig[]
   list.forEach((item, index) => {
     const error = Value.Errors(IssuerSchema, item)[0]
     if (error !== undefined) throw new ConfigError(`invalid configuration: AUTH_ISSUERS[${index}]${error.instancePath} ${error.message}`)
+    for (const field of ['issuer', 'jwks_uri'] as const) {
+      const url = (item as IssuerConfig)[field]
+      if (url !== undefined && !URL.canParse(url)) throw new ConfigError(`invalid configuration: AUTH_ISSUERS[${index}].${field} is not a URL`)
+      if (url !== undefined && !secureUrl(url)) {
+        throw new ConfigError(`invalid configuration: AUTH_ISSUERS[${index}].${field} must be https (plain http only on loopback: localhost, 127.0.0.0/8, [::1]): the keys that verify tokens must not be open to the network`)
+      }
+    }
   })
   return list as IssuerConfig[]
+}
+
+/** Whether a URL is https, or http to this machine (a development identity provider). */
+function secureUrl (text: string): boolean {
+  const url = new URL(text)
+  return url.protocol === 'https:' || url.hostname === 'localhost' || url.hostname === '[::1]' || /^127(\.\d{1,3}){3}$/.test(url.hostname)
 }
 
 /** Whether requests to /api and /metrics need a token. */

@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify'
 import { decodeJwt, SignJWT } from 'jose'
+import { connect } from 'node:net'
 import t, { type Test } from 'tap'
 import { JwtIssuers } from '../plugins/app/auth/jwt-issuers.js'
 import { STREAM_TOKEN_ISSUER, StreamTokens } from '../plugins/app/auth/stream-tokens.js'
@@ -303,9 +304,74 @@ t.test('JwtIssuers: a token remembered until it expires, the memory bounded, dis
   t.equal(await new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE }], 0).signIn(), null, 'nor without ui_client_id')
 })
 
+t.test('a stream token opens nothing after its expires_at, whatever AUTH_CLOCK_TOLERANCE_S (our own clock)', async (t) => {
+  const app = await build(t, { API_TOKENS: STATIC, STREAM_TOKEN_SECRET: SECRET, AUTH_CLOCK_TOLERANCE_S: 30 })
+  const expired = await forgedStreamToken({ stream: {} }, -1)
+  const answer = await app.inject({ url: `/api/streams/events?offset=-1&stream_token=${expired}` })
+  t.equal(answer.statusCode, 401, 'a second past it, within the tolerance other issuers get')
+  t.match(answer.json().error.message, /expired/)
+})
+
+t.test('a remembered verdict lasts rememberMs at most, and ends when its key leaves the issuer\'s keys', async (t) => {
+  const issuer = await startIssuer(t)
+  const cooldownMs = 200
+  const verify = async (issuers: JwtIssuers, token: string) => issuers.verify(token, issuer.url).then(() => 'ok', (error: Error) => error.message)
+  const issuers = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE }], 0, { jwksCooldownMs: cooldownMs })
+  const one = await issuer.sign({ sub: 'one' })
+  const two = await issuer.sign({ sub: 'two' })
+  const keyless = await issuer.sign({ sub: 'no kid' }, { noKid: true })
+  for (const token of [one, two, keyless]) t.equal(await verify(issuers, token), 'ok')
+  const fetched = issuer.jwksFetches()
+  t.equal(await verify(issuers, one), 'ok', 'remembered')
+  t.equal(issuer.jwksFetches(), fetched, 'with no fetch')
+  await issuer.rotate({ drop: true })
+  t.equal(await verify(issuers, one), 'ok', 'the keys not fetched again yet: still remembered')
+  await new Promise((resolve) => setTimeout(resolve, cooldownMs + 50))
+  t.equal(await verify(issuers, await issuer.sign({ sub: 'new key' })), 'ok', 'a token of the new key fetches the keys again')
+  t.equal(await verify(issuers, one), 'the token is signed with a key its issuer does not publish', 'its key gone: forgotten, and refused')
+  t.equal(await verify(issuers, two), 'the token is signed with a key its issuer does not publish', 'every token of that key')
+  t.equal(await verify(issuers, keyless), 'the token\'s signature does not verify', 'a token without a kid: checked again once the keys changed')
+
+  const rememberMs = 300
+  const brief = new JwtIssuers([{ issuer: issuer.url, audience: TEST_AUDIENCE }], 0, { jwksCooldownMs: cooldownMs, rememberMs })
+  const three = await issuer.sign({ sub: 'three' })
+  t.equal(await verify(brief, three), 'ok')
+  await issuer.rotate({ drop: true })
+  await new Promise((resolve) => setTimeout(resolve, rememberMs + 50))
+  t.equal(await verify(brief, three), 'the token is signed with a key its issuer does not publish', 'past rememberMs: checked again, with keys fetched again')
+})
+
+t.test('a JWT issued in the future (beyond AUTH_CLOCK_TOLERANCE_S) is refused', async (t) => {
+  const issuer = await startIssuer(t)
+  const { base } = await listening(t, { AUTH_ISSUERS: issuersConfig({ issuer: issuer.url, audience: TEST_AUDIENCE }), AUTH_CLOCK_TOLERANCE_S: 30 })
+  const now = Math.floor(Date.now() / 1000)
+  const future = await call(base, 'GET', '/api/runs', { authorization: `Bearer ${await issuer.sign({ iat: now + 120 })}` })
+  t.equal(future.status, 401)
+  t.match(JSON.parse(future.body).error.message, /issued in the future/)
+  t.equal((await call(base, 'GET', '/api/runs', { authorization: `Bearer ${await issuer.sign({ iat: now + 10 })}` })).status, 200, 'within the tolerance: a clock a little ahead')
+  t.equal((await call(base, 'GET', '/api/runs', { authorization: `Bearer ${await issuer.sign({ iat: undefined })}` })).status, 200, 'no iat at all: nothing to check')
+})
+
+t.test('two Authorization headers are a 400 (a proxy in front may read the other one)', async (t) => {
+  const { base } = await listening(t, { API_TOKENS: STATIC })
+  const { hostname, port } = new URL(base)
+  const raw = await new Promise<string>((resolve, reject) => {
+    const socket = connect(Number(port), hostname, () => {
+      socket.end(`GET /api/runs HTTP/1.1\r\nHost: ${hostname}\r\nAuthorization: Bearer ${STATIC}\r\nAuthorization: Bearer something-else\r\nConnection: close\r\n\r\n`)
+    })
+    let text = ''
+    socket.on('data', (chunk) => { text += chunk })
+    socket.on('end', () => resolve(text))
+    socket.on('error', reject)
+  })
+  t.match(raw, /^HTTP\/1\.1 400 /)
+  t.match(raw, /"code":"bad_request","message":"the request carries two Authorization headers: send one"/)
+  t.equal((await call(base, 'GET', '/api/runs', { authorization: `Bearer ${STATIC}` })).status, 200, 'one is fine')
+})
+
 t.test('StreamTokens: a key that could not be read is read again', async (t) => {
   let reads = 0
-  const tokens = new StreamTokens(async () => { if (++reads === 1) throw new Error('database down'); return SECRET }, 60, 0)
+  const tokens = new StreamTokens(async () => { if (++reads === 1) throw new Error('database down'); return SECRET }, 60)
   await t.rejects(tokens.sign({}), /database down/)
   const { token } = await tokens.sign({ run_id: 'r' })
   t.same(await tokens.verify(token), { run_id: 'r' })
@@ -332,6 +398,12 @@ t.test('configuration: AUTH_ISSUERS is checked at start and says what is wrong',
   t.throws(() => loadConfig({ AUTH_ISSUERS: '[{"issuer": "https://x", "audience": "a", "algorithms": ["none"]}]' }), /AUTH_ISSUERS\[0\]\/algorithms/)
   t.throws(() => loadConfig({ STREAM_TOKEN_SECRET: 'short' }), /STREAM_TOKEN_SECRET/)
   t.equal(loadConfig({ AUTH_ISSUERS: '{"issuer": "https://x", "audience": "a"}' }).AUTH_ISSUERS.length > 0, true, 'one issuer may be given without the array')
+  t.throws(() => loadConfig({ AUTH_ISSUERS: '[{"issuer": "http://id.example", "audience": "a"}]' }), /AUTH_ISSUERS\[0\]\.issuer must be https/, 'plain http to another host')
+  t.throws(() => loadConfig({ AUTH_ISSUERS: '[{"issuer": "https://id.example", "audience": "a", "jwks_uri": "http://id.example/keys"}]' }), /AUTH_ISSUERS\[0\]\.jwks_uri must be https/)
+  t.throws(() => loadConfig({ AUTH_ISSUERS: '[{"issuer": "http://", "audience": "a"}]' }), /AUTH_ISSUERS\[0\]\.issuer is not a URL/)
+  for (const loopback of ['http://localhost:8080', 'http://127.0.0.1:1/x', 'http://[::1]:9']) {
+    t.doesNotThrow(() => loadConfig({ AUTH_ISSUERS: JSON.stringify({ issuer: loopback, audience: 'a', jwks_uri: `${loopback}/keys` }) }), `plain http on loopback: ${loopback}`)
+  }
 })
 
 t.test('with authentication on, the cacheable answers are private and vary by Authorization', async (t) => {

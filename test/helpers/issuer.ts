@@ -38,6 +38,8 @@ export interface SignOptions {
   kid?: string
   /** Without `exp`. */
   noExpiry?: boolean
+  /** Without `kid` (the verifier picks the key by its algorithm). */
+  noKid?: boolean
 }
 
 export const TEST_AUDIENCE = 'ocp-api'
@@ -123,7 +125,7 @@ export async function startIssuer (t: { teardown: (fn: () => void) => void }, op
     const key = signOptions.unknownKey === true ? (await newKey(current.kid)).privateKey : current.privateKey
     const now = Math.floor(Date.now() / 1000)
     const jwt = new SignJWT({ iss: issuerUrl, aud: TEST_AUDIENCE, sub: 'tester', iat: now, ...(signOptions.noExpiry === true ? {} : { exp: now + (signOptions.expiresIn ?? 300) }), ...(signOptions.notBefore === undefined ? {} : { nbf: now + signOptions.notBefore }), ...claims })
-      .setProtectedHeader({ alg: 'RS256', kid: signOptions.kid ?? current.kid, typ: 'JWT' })
+      .setProtectedHeader({ alg: 'RS256', ...(signOptions.noKid === true ? {} : { kid: signOptions.kid ?? current.kid }), typ: 'JWT' })
     return jwt.sign(key)
   }
 

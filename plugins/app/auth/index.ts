@@ -3,7 +3,7 @@ import fp from 'fastify-plugin'
 import { decodeJwt } from 'jose'
 import { sql } from 'kysely'
 import { authenticationOn, issuersOf, listOf } from '../../../config.js'
-import { UnauthorizedError } from '../../../errors.js'
+import { badRequest, UnauthorizedError } from '../../../errors.js'
 import { JwtIssuers, type JwtIdentity } from './jwt-issuers.js'
 import { StaticTokens } from './static-tokens.js'
 import { scopeCovers, STREAM_TOKEN_ISSUER, StreamTokens, type StreamScope } from './stream-tokens.js'
@@ -47,6 +47,14 @@ function queryValue (request: FastifyRequest, name: string): string | undefined 
   return typeof value === 'string' && value !== '' ? value : undefined
 }
 
+/** How many Authorization headers a request carries (Node's `headers` keeps only the first). */
+function authorizationHeaders (request: FastifyRequest): number {
+  const raw = request.raw.rawHeaders
+  let count = 0
+  for (let i = 0; i < raw.length; i += 2) if (raw[i]!.toLowerCase() === 'authorization') count++
+  return count
+}
+
 /**
  * Authentication, off unless API_TOKENS or AUTH_ISSUERS is set. Then every
  * /api route (but GET /api/auth) and /metrics need a token in the
@@ -64,8 +72,7 @@ export default fp(async function authPlugin (app) {
   const secret = config.STREAM_TOKEN_SECRET
   const streamTokens = new StreamTokens(
     async () => secret ?? (await sql<{ secret: string }>`select stream_token_key() as secret`.execute(app.db)).rows[0]!.secret,
-    config.STREAM_TOKEN_TTL_S,
-    config.AUTH_CLOCK_TOLERANCE_S
+    config.STREAM_TOKEN_TTL_S
   )
   app.decorate('streamTokens', streamTokens)
   app.decorate('jwtIssuers', issuers)
@@ -79,6 +86,8 @@ export default fp(async function authPlugin (app) {
     let token: string | undefined
     let fromStreamParameter = false
     if (header !== undefined) {
+      // Node reads the first of two, a proxy in front may read the last: they would disagree on who calls.
+      if (authorizationHeaders(request) > 1) throw badRequest('the request carries two Authorization headers: send one')
       token = /^Bearer[ ]+(\S+)\s*$/i.exec(header)?.[1]
       if (token === undefined) throw new UnauthorizedError('the Authorization header must be Bearer and a token', true)
     } else if (streamScope !== undefined && (token = queryValue(request, 'stream_token')) !== undefined) {

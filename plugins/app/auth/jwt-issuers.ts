@@ -1,4 +1,4 @@
-import { createRemoteJWKSet, errors, jwtVerify, type JWTPayload } from 'jose'
+import { createRemoteJWKSet, errors, jwksCache, jwtVerify, type ExportedJWKSCache, type JWKSCacheInput, type JWTPayload } from 'jose'
 import type { IssuerConfig } from '../../../config.js'
 import { identityProviderUnavailable, UnauthorizedError } from '../../../errors.js'
 
@@ -16,8 +16,12 @@ const DEFAULT_ALGORITHMS = ['RS256', 'ES256']
 const FETCH_TIMEOUT_MS = 5000
 /** The least time between two fetches of an issuer's keys for a key id it did not list (jose's cooldown). */
 const JWKS_COOLDOWN_MS = 30_000
-/** Keys are fetched again after this long even if every token's key id is known (a removed key stops verifying). */
-const JWKS_MAX_AGE_MS = 10 * 60_000
+/**
+ * How long a verdict on a token is remembered at most, and how old an
+ * issuer's keys may be when a token is checked (they are fetched again
+ * then): a key its issuer removed stops opening anything within this.
+ */
+const REMEMBER_MS = 5 * 60_000
 /** After a failed discovery, the next request tries again only this much later (the provider is not hammered). */
 const DISCOVERY_RETRY_MS = 10_000
 /** Tokens verified and kept, so that a client's every request does not check a signature again. */
@@ -28,7 +32,11 @@ export interface IssuerTuning {
   jwksCooldownMs?: number
   discoveryRetryMs?: number
   maxVerified?: number
+  rememberMs?: number
 }
+
+/** A token verified: who it proves, when, and the key that verified it (its id, in the keys as then fetched). */
+interface Verdict { identity: JwtIdentity, at: number, issuer: Issuer, kid: string | undefined, keysFetchedAt: number | undefined }
 
 interface Discovery { jwks_uri: string, authorization_endpoint?: string, token_endpoint?: string }
 
@@ -36,6 +44,11 @@ interface Discovery { jwks_uri: string, authorization_endpoint?: string, token_e
 class Issuer {
   private discovery: { promise: Promise<Discovery>, failedAt?: number } | undefined
   private keys: ReturnType<typeof createRemoteJWKSet> | undefined
+  /** The keys as jose last fetched them, and when (jose writes it). */
+  private readonly fetchedKeys: JWKSCacheInput = {}
+  /** Their key ids, and the fetch they are of, for the remembered verdicts' check. */
+  private kidsOf: number | undefined
+  private kids = new Set<string | undefined>()
   readonly audience: string[]
   readonly algorithms: string[]
 
@@ -63,9 +76,25 @@ class Issuer {
   async keySet (): Promise<ReturnType<typeof createRemoteJWKSet>> {
     if (this.keys === undefined) {
       const { jwks_uri: jwksUri } = await this.discover()
-      this.keys ??= createRemoteJWKSet(new URL(jwksUri), { timeoutDuration: FETCH_TIMEOUT_MS, cooldownDuration: this.tuning.jwksCooldownMs, cacheMaxAge: JWKS_MAX_AGE_MS })
+      this.keys ??= createRemoteJWKSet(new URL(jwksUri), { timeoutDuration: FETCH_TIMEOUT_MS, cooldownDuration: this.tuning.jwksCooldownMs, cacheMaxAge: this.tuning.rememberMs, [jwksCache]: this.fetchedKeys })
     }
     return this.keys
+  }
+
+  /** Whether the keys as last fetched still list `kid` (a token without one: only if they were not fetched again since `fetchedAt`). */
+  publishes (kid: string | undefined, fetchedAt: number | undefined): boolean {
+    const { uat, jwks } = this.fetchedKeys as Partial<ExportedJWKSCache>
+    if (uat === fetchedAt) return true
+    if (uat !== this.kidsOf) {
+      this.kidsOf = uat
+      this.kids = new Set(jwks!.keys.map((key) => key.kid))
+    }
+    return kid !== undefined && this.kids.has(kid)
+  }
+
+  /** When the keys were last fetched, to tell later whether they were fetched again. */
+  fetchedAt (): number | undefined {
+    return (this.fetchedKeys as Partial<ExportedJWKSCache>).uat
   }
 }
 
@@ -85,7 +114,7 @@ function refusal (error: unknown): UnauthorizedError | undefined {
   if (error instanceof errors.JWTExpired) return new UnauthorizedError('the token has expired', true)
   if (error instanceof errors.JWTClaimValidationFailed) {
     // The claims jose checks with the options given (iss picked the issuer: it matches).
-    const what: Record<string, string> = { aud: 'the token\'s audience is not accepted', nbf: 'the token is not valid yet', iat: 'the token was issued in the future', exp: 'the token has no expiry' }
+    const what: Record<string, string> = { aud: 'the token\'s audience is not accepted', nbf: 'the token is not valid yet', exp: 'the token has no expiry' }
     /* c8 ignore next: jose checks no other claim with these options */
     return new UnauthorizedError(what[error.claim] ?? `the token's ${error.claim} claim is not accepted`, true)
   }
@@ -102,19 +131,24 @@ function refusal (error: unknown): UnauthorizedError | undefined {
  * AUTH_ISSUERS: JWTs from identity providers, verified with jose. An
  * issuer's keys come from its JWKS (by discovery, or its jwks_uri), kept
  * and refetched by jose on an unknown key id (at most once every 30 s) and
- * every 10 minutes; exp, nbf, iss and aud are enforced with
- * AUTH_CLOCK_TOLERANCE_S of skew; an issuer's `claims` must all match.
- * A verified token is remembered until it expires (at most 10,000), so a
- * client's next requests cost a lookup rather than a signature check.
+ * every 5 minutes; exp, nbf, iss and aud are enforced with
+ * AUTH_CLOCK_TOLERANCE_S of skew, and an `iat` further in the future is
+ * refused; an issuer's `claims` must all match. A verified token is
+ * remembered (at most 10,000) until it expires, for 5 minutes at most, and
+ * only while its issuer's keys, when fetched again, still list its key id:
+ * a client's next requests cost a lookup rather than a signature check,
+ * and a key the issuer withdrew stops opening anything.
  */
 export class JwtIssuers {
   private readonly issuers: Map<string, Issuer>
-  private readonly verified = new Map<string, JwtIdentity>()
+  private readonly verified = new Map<string, Verdict>()
   private readonly maxVerified: number
+  private readonly rememberMs: number
 
   constructor (configs: IssuerConfig[], private readonly clockToleranceSeconds: number, tuning: IssuerTuning = {}) {
-    const tuned = { jwksCooldownMs: JWKS_COOLDOWN_MS, discoveryRetryMs: DISCOVERY_RETRY_MS, maxVerified: MAX_VERIFIED, ...tuning }
+    const tuned = { jwksCooldownMs: JWKS_COOLDOWN_MS, discoveryRetryMs: DISCOVERY_RETRY_MS, maxVerified: MAX_VERIFIED, rememberMs: REMEMBER_MS, ...tuning }
     this.maxVerified = tuned.maxVerified
+    this.rememberMs = tuned.rememberMs
     this.issuers = new Map(configs.map((config) => [config.issuer, new Issuer(config, tuned)]))
   }
 
@@ -129,13 +163,21 @@ export class JwtIssuers {
 
   /**
    * The identity of a token verified before, without decoding it again
-   * (undefined when it was not); an UnauthorizedError once it has expired.
+   * (undefined when it was not, or must be checked again: remembered too
+   * long, or its key gone from its issuer's keys); an UnauthorizedError
+   * once it has expired.
    */
   remembered (token: string): JwtIdentity | undefined {
     const kept = this.verified.get(token)
-    if (kept === undefined || kept.expires + this.clockToleranceSeconds > Date.now() / 1000) return kept
+    if (kept === undefined) return undefined
+    const now = Date.now()
+    if (kept.identity.expires + this.clockToleranceSeconds <= now / 1000) {
+      this.verified.delete(token)
+      throw new UnauthorizedError('the token has expired', true)
+    }
+    if (now - kept.at < this.rememberMs && kept.issuer.publishes(kept.kid, kept.keysFetchedAt)) return kept.identity
     this.verified.delete(token)
-    throw new UnauthorizedError('the token has expired', true)
+    return undefined
   }
 
   /** The identity a token of `iss` proves; an UnauthorizedError or a 503 (provider unreachable) otherwise. */
@@ -144,20 +186,25 @@ export class JwtIssuers {
     if (kept !== undefined) return kept
     const issuer = this.issuers.get(iss)!
     let payload: JWTPayload
+    let kid: string | undefined
     try {
       const keys = await issuer.keySet()
-      payload = (await jwtVerify(token, keys, {
+      ;({ payload, protectedHeader: { kid } } = await jwtVerify(token, keys, {
         issuer: iss,
         audience: issuer.audience,
         algorithms: issuer.algorithms,
         requiredClaims: ['exp'],
         clockTolerance: this.clockToleranceSeconds
-      })).payload
+      }))
     } catch (error) {
       const refused = refusal(error)
       if (refused !== undefined) throw refused
       // The keys or the discovery could not be fetched: nothing says the token is bad.
       throw identityProviderUnavailable(iss)
+    }
+    // jose checks `iat` only against a maximum age, which issuers' tokens have none of.
+    if (payload.iat !== undefined && payload.iat > Date.now() / 1000 + this.clockToleranceSeconds) {
+      throw new UnauthorizedError('the token was issued in the future', true)
     }
     for (const [claim, allowed] of Object.entries(issuer.config.claims ?? {})) {
       const value = payload[claim]
@@ -167,7 +214,7 @@ export class JwtIssuers {
     }
     const identity: JwtIdentity = { issuer: iss, subject: payload.sub, expires: payload.exp! }
     if (this.verified.size >= this.maxVerified) this.verified.delete(this.verified.keys().next().value!)
-    this.verified.set(token, identity)
+    this.verified.set(token, { identity, at: Date.now(), issuer, kid, keysFetchedAt: issuer.fetchedAt() })
     return identity
   }
 

@@ -16,15 +16,15 @@ const STREAM_TOKEN_AUDIENCE = 'urn:ocp-api:streams'
  * service (HS256, with a key every replica shares), that open only the
  * streams their scope covers. They are what a browser puts in an
  * EventSource's URL, which cannot carry a header: the long-lived
- * credential that asked for one never goes into a URL.
+ * credential that asked for one never goes into a URL. They open nothing
+ * once `exp` (their `expires_at`) has passed, by this service's clock.
  */
 export class StreamTokens {
   private key: Promise<Uint8Array> | undefined
 
   constructor (
     private readonly loadSecret: () => Promise<string>,
-    private readonly ttlSeconds: number,
-    private readonly clockToleranceSeconds: number
+    private readonly ttlSeconds: number
   ) {}
 
   /** The signing key, read once (again after a failure: the database may have been down). */
@@ -56,8 +56,8 @@ export class StreamTokens {
         issuer: STREAM_TOKEN_ISSUER,
         audience: STREAM_TOKEN_AUDIENCE,
         algorithms: ['HS256'],
-        requiredClaims: ['exp'],
-        clockTolerance: this.clockToleranceSeconds
+        // Our own clock signed it: no tolerance (AUTH_CLOCK_TOLERANCE_S is for other issuers' clocks).
+        requiredClaims: ['exp']
       })
       const scope = payload.stream
       if (typeof scope !== 'object' || scope === null) throw new UnauthorizedError('the stream token names no scope', true)
