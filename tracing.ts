@@ -11,7 +11,7 @@
  * of every package above, the one copy of the API they must share.
  */
 import type { FastifyPluginCallback } from 'fastify'
-import { URL_CREDENTIALS, withoutCredentials } from './plugins/app/auth/url-credentials.js'
+import { pathOf } from './plugins/app/auth/url-credentials.js'
 
 type Env = Record<string, string | undefined>
 
@@ -51,14 +51,16 @@ export async function startTracing (env: Env = process.env): Promise<Tracing | u
     import('@fastify/otel')
   ])
   // Spans for the request and its handler; the lifecycle hooks' spans would only add noise.
-  // A stream's URL may carry a credential (stream_token): its value never goes into a span.
+  // A stream's URL may carry a credential (stream_token) in any spelling:
+  // spans carry the path alone, never the query.
   const fastify = new FastifyOtelInstrumentation({
     instrumentHooks: false,
-    requestHook: (span, request) => { span.setAttribute('url.path', withoutCredentials(request.url)) }
+    requestHook: (span, request) => { span.setAttribute('url.path', pathOf(request.url)) }
   })
   const sdk = new NodeSDK({
     instrumentations: [
-      new HttpInstrumentation({ redactedQueryParamsServer: URL_CREDENTIALS }),
+      // An attribute left undefined is not set: the span has no url.query.
+      new HttpInstrumentation({ startIncomingSpanHook: () => ({ 'url.query': undefined }) }),
       fastify,
       // Statements of requests only: the background polls and upkeep would
       // each start a trace; no span for taking a connection from the pool.

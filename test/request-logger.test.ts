@@ -1,8 +1,10 @@
 import { pino } from 'pino'
 import t from 'tap'
 import { requestLogger } from '../plugins/app/request-log.js'
+import { pathOf, withoutCredentials } from '../plugins/app/auth/url-credentials.js'
+import { redactedUrl } from '../plugins/app/db.js'
 import { buildApp } from '../app.js'
-import { testConfig } from './helpers/app.js'
+import { build, testConfig } from './helpers/app.js'
 
 // Each request's logger is made when a line first goes through it (plugins/app/request-log.ts).
 
@@ -63,4 +65,39 @@ t.test('in the application: a warning of a request carries its id', async (t) =>
   })
   await app.inject({ url: '/test/warn', headers: { 'x-request-id': 'warn-1' } })
   t.same(lines.filter((line) => line.reqId === 'warn-1').map((line) => line.msg), ['a warning'])
+})
+
+t.test('no credential reaches a log line, in any spelling the query parser accepts; nor a database password', async (t) => {
+  const raw: string[] = []
+  const stream = { write: (line: string) => { raw.push(line) } }
+  const database = new URL((await testConfig()).DATABASE_URL!)
+  database.password = 'db-secret-0'
+  database.searchParams.set('password', 'db-secret-1')
+  database.searchParams.set('sslpassword', 'db-secret-2')
+  const app = await build(t, { API_TOKENS: 'sekret-token', AUTH_ALLOW_TOKEN_IN_URL: true, DATABASE_URL: database.href }, { logger: { level: 'info', stream } })
+  const { token: streamToken } = (await app.inject({ url: '/api/stream-token', headers: { authorization: 'Bearer sekret-token' } })).json()
+  // Spellings the parser reads as the credential: the service accepts them.
+  for (const name of ['stream_token', 'stream%5Ftoken', '%73tream_token', 'stream%5ftoken']) {
+    t.equal((await app.inject({ method: 'HEAD', url: `/api/streams/events?${name}=${streamToken}` })).statusCode, 200, `${name} opens the stream`)
+  }
+  t.equal((await app.inject({ method: 'HEAD', url: '/api/streams/events?access%5Ftoken=sekret-token' })).statusCode, 200, 'access%5Ftoken (AUTH_ALLOW_TOKEN_IN_URL)')
+  // And those it does not, which a parser in front might.
+  await app.inject({ url: '/api/events?a=1;stream_token=semicolon-secret' })
+  await app.inject({ url: '/api/events?Stream_Token=case-secret&limit=1' })
+  const text = raw.join('')
+  for (const secret of ['sekret-token', streamToken.split('.')[2], 'semicolon-secret', 'case-secret', 'db-secret-0', 'db-secret-1', 'db-secret-2']) {
+    t.notOk(text.includes(secret), `${secret.slice(0, 12)}... is in no log line`)
+  }
+  const urls = raw.map((line) => JSON.parse(line)).filter((line) => line.msg === 'request').map((line) => line.url)
+  t.ok(urls.includes('/api/streams/events?%73tream_token=[redacted]'), 'the parameter\'s name stays, as written')
+  t.ok(urls.includes('/api/events?a=1;stream_token=[redacted]'))
+  t.match(text, /"database":"postgres:\/\/postgres:\*\*\*@[^"]*password=\*\*\*&sslpassword=\*\*\*"/, 'the database URL is logged with every password starred')
+})
+
+t.test('withoutCredentials and pathOf: the query\'s credentials, whatever their spelling', async (t) => {
+  t.equal(withoutCredentials('/api/runs'), '/api/runs', 'no query')
+  t.equal(withoutCredentials('/s?stream+token=x&%zz=y&stream_token&access_token=z#f'), '/s?stream+token=x&%zz=y&stream_token&access_token=[redacted]', 'malformed escapes and names without a value stay')
+  t.equal(pathOf('/api/streams/events?stream_token=x'), '/api/streams/events')
+  t.equal(pathOf('/api/runs'), '/api/runs')
+  t.equal(redactedUrl('postgres://ocp@db/ocp?sslmode=require'), 'postgres://ocp@db/ocp?sslmode=require', 'nothing to star')
 })

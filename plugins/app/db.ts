@@ -94,9 +94,13 @@ async function upkeepUrlOf (app: FastifyInstance, url: string): Promise<string |
   return undefined
 }
 
-/** The URL without its password, for the log. */
+/** The parameters of a connection URL that carry a password (libpq's, which pg reads too). */
+const PASSWORD_PARAMETERS = ['password', 'sslpassword']
+
+/** The URL without its passwords (its userinfo's, and any in its parameters), for the log. */
 export function redactedUrl (url: string): string {
   const parsed = new URL(url)
   if (parsed.password !== '') parsed.password = '***'
+  for (const name of PASSWORD_PARAMETERS) if (parsed.searchParams.has(name)) parsed.searchParams.set(name, '***')
   return parsed.toString()
 }
