@@ -10,6 +10,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     schema: {
       operationId: 'getHealth',
       tags: ['operations'],
+      security: [],
       summary: 'Liveness: the process is up',
       response: { 200: Type.Ref('Health', { description: 'The process is up' }), 400: commonErrors[400] }
     }
@@ -20,6 +21,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     schema: {
       operationId: 'getReady',
       tags: ['operations'],
+      security: [],
       summary: 'Readiness: the database answers and the process is not shutting down',
       response: {
         200: Type.Object({ status: Type.Literal('ready') }, { additionalProperties: false, description: 'Ready for traffic' }),

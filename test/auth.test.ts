@@ -78,7 +78,7 @@ t.test('every door: each way in that must fail answers 401 with the envelope and
   // The list above is every door: each GET and HEAD of /api in the OpenAPI document (and /metrics).
   const document = JSON.parse((await app.inject('/openapi.json')).body) as { paths: Record<string, Record<string, unknown>> }
   const documented = Object.entries(document.paths).flatMap(([path, operations]) => Object.keys(operations).filter((method) => method === 'get' || method === 'head')
-    .map((method) => `${method.toUpperCase()} ${path}`)).filter((door) => door !== 'GET /api/auth' && /\/api\/|\/metrics/.test(door)).sort()
+    .map((method) => `${method.toUpperCase()} ${path}`)).filter((door) => door !== 'GET /api/auth' && door !== 'GET /api/auth/sign-out' && /\/api\/|\/metrics/.test(door)).sort()
   const listed = [...new Set(DOORS.filter((door) => door.method === 'GET').map((door) => `${door.method} ${door.url.split('?')[0]!.replace('door-r1', '{runID}').replace('door-task', '{taskID}').replace('door-t1', '{threadID}')}`))].sort()
   t.same(listed, documented, 'the doors tried are all the protected routes (and the HEAD of each Durable Streams route)')
 
@@ -191,6 +191,20 @@ t.test('GET /api/stream-token: the scope asked for, a short life, never cached; 
   t.same(JSON.parse((await call(open.base, 'GET', '/api/auth')).body), { required: false, sign_in: null })
   const token = JSON.parse((await call(open.base, 'GET', '/api/stream-token')).body) as { token: string }
   t.equal((await call(open.base, 'GET', `/api/streams/events?offset=-1&stream_token=${token.token}`)).status, 200, 'without authentication, a stream token is simply not needed')
+})
+
+t.test('GET /api/auth/sign-out: open, and has the browser clear the origin\'s cache and storage, unless another site asks', async (t) => {
+  const app = await build(t, { API_TOKENS: STATIC })
+  const answer = await app.inject({ url: '/api/auth/sign-out', headers: { 'sec-fetch-site': 'same-origin' } })
+  t.equal(answer.statusCode, 204, 'no token needed')
+  t.equal(answer.headers['clear-site-data'], '"cache", "storage"')
+  t.equal(answer.headers['cache-control'], 'no-store')
+  t.equal((await app.inject('/api/auth/sign-out')).headers['clear-site-data'], '"cache", "storage"', 'a client that says nothing of its site (curl)')
+  for (const site of ['cross-site', 'same-site']) {
+    const foreign = await app.inject({ url: '/api/auth/sign-out', headers: { 'sec-fetch-site': site } })
+    t.equal(foreign.statusCode, 204)
+    t.equal(foreign.headers['clear-site-data'], undefined, `${site}: nothing cleared`)
+  }
 })
 
 t.test('without STREAM_TOKEN_SECRET every replica signs with the key the database holds', async (t) => {

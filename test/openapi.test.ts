@@ -60,6 +60,25 @@ t.test('every operation of docs/reference.md, "Endpoints", by operation id, path
   }
 })
 
+t.test('with authentication on, the document says which operations are open (security: []) and which need a token', async (t) => {
+  const app = await build(t, { API_TOKENS: 'a-token' })
+  const doc = (await app.inject('/openapi.json')).json() as Document & { security?: unknown }
+  t.same(doc.security, [{ bearerToken: [] }], 'a token by default')
+  const open: string[] = []
+  for (const [path, operations] of Object.entries(doc.paths)) {
+    for (const [method, operation] of Object.entries(operations)) {
+      const security = (operation as { security?: unknown[] }).security
+      if (security !== undefined) t.same(security, [], `${method} ${path}: open`)
+      if (security !== undefined) open.push(operation.operationId)
+      // What the document says is what the service does.
+      const url = path.replace(/\{[^}]+\}/g, 'x') + (path.startsWith('/api/streams') && method === 'get' ? '?offset=now' : '')
+      const answer = await app.inject({ method: method.toUpperCase() as 'GET', url })
+      t.equal(answer.statusCode === 401, security === undefined, `${method} ${path}: ${answer.statusCode} without a token`)
+    }
+  }
+  t.same(open.sort(), ['getAuth', 'getHealth', 'getReady', 'signOut'])
+})
+
 t.test('components carry the resources\' names; every error response is the envelope', async (t) => {
   const { doc } = await fetchDocument(t)
   const names = Object.keys(doc.components.schemas)

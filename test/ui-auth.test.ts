@@ -119,7 +119,9 @@ t.test('static tokens: the form; a wrong token refused, saying so; the right one
   await page.locator('.live.is-live').waitFor({ timeout: READY_MS })
   t.match(requests.filter((request) => request.url.includes('/api/stream-token')).at(-1), { url: /\/api\/stream-token$/ }, 'the activity page: an all-events stream token')
 
+  const signOutAnswer = page.waitForResponse((response) => response.url().endsWith('/api/auth/sign-out'))
   await page.getByRole('button', { name: 'Sign out' }).click()
+  t.equal((await (await signOutAnswer).allHeaders())['clear-site-data'], '"cache", "storage"', 'the service has the browser clear its cache and storage')
   await page.locator(FORM).waitFor()
   t.equal(await page.locator('.account').count(), 0, 'signed out: the control is gone')
   t.equal(await page.evaluate(() => sessionStorage.getItem('ocp-api.token')), null, 'the token forgotten')

@@ -697,7 +697,12 @@ function signIn (token: string | undefined) {
   route()
 }
 
-/** Forgets the token and shows the sign-in page, saying `message` (why) when given. */
+/**
+ * Forgets the token and shows the sign-in page, saying `message` (why) when
+ * given; first the service's GET /api/auth/sign-out has the browser clear
+ * this origin's cache (answers read with the token) and storage
+ * (Clear-Site-Data), so that a sign-in on the page cannot be cleared by it.
+ */
 function signOut (message?: string) {
   signedOut = true
   current?.close()
@@ -705,7 +710,9 @@ function signOut (message?: string) {
   sessionStorage.removeItem(TOKEN_KEY)
   client.setToken(undefined)
   showAccount(undefined)
-  showSignInPage(message)
+  void fetch('/api/auth/sign-out', { cache: 'no-store' }).catch(() => undefined).then(() => {
+    if (signedOut) showSignInPage(message)
+  })
 }
 
 /** A read or a stream refused the token (401): back to the sign-in page, saying the service's reason. */

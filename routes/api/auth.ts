@@ -4,6 +4,9 @@ import { authenticationOn } from '../../config.js'
 import { NO_STORE } from '../../plugins/app/http-cache.js'
 import { commonErrors, errorResponse, StreamTokenQuery } from '../../schemas/api.js'
 
+/** What signing out clears in the browser: the answers it cached, and the origin's storage (the UI's token). */
+const CLEAR_SESSION = '"cache", "storage"'
+
 /*
  * Authentication's own routes (docs/authentication.md): how to sign in,
  * and the stream tokens that open a stream from a URL.
@@ -15,6 +18,7 @@ const authRoutes: FastifyPluginAsyncTypebox = async (app) => {
     config: { public: true },
     schema: {
       operationId: 'getAuth',
+      security: [],
       tags: ['auth'],
       summary: 'Whether a token is required, and the identity provider to sign in with',
       description: 'Never needs a token. `sign_in` names the identity provider the web UI signs in with (authorization code with PKCE), when AUTH_ISSUERS gives one a ui_client_id.',
@@ -28,6 +32,26 @@ const authRoutes: FastifyPluginAsyncTypebox = async (app) => {
   }, async (_request, reply) => {
     const signIn = required ? await app.jwtIssuers.signIn() : null
     return reply.header('cache-control', NO_STORE).send({ required, sign_in: signIn })
+  })
+
+  app.get('/auth/sign-out', {
+    config: { public: true },
+    schema: {
+      operationId: 'signOut',
+      tags: ['auth'],
+      security: [],
+      summary: 'Clears what the browser keeps of a signed-in session',
+      description: 'Never needs a token, and changes nothing on the service. Answers `Clear-Site-Data: "cache", "storage"`: the browser drops every answer of this origin it cached (read with the token now signed out) and this origin\'s storage (the token the web UI keeps). The web UI asks for it when it signs out. Not sent to a request from another site (`Sec-Fetch-Site: cross-site` or `same-site`): no other page can sign a user out.',
+      response: {
+        204: Type.Null({ description: 'Done', headers: { 'clear-site-data': Type.String({ description: '`"cache", "storage"`; absent for a request from another site' }), 'cache-control': Type.String({ description: '`no-store`' }) } }),
+        400: commonErrors[400],
+        500: commonErrors[500]
+      }
+    }
+  }, async (request, reply) => {
+    const site = request.headers['sec-fetch-site']
+    if (site !== 'cross-site' && site !== 'same-site') reply.header('clear-site-data', CLEAR_SESSION)
+    return reply.code(204).header('cache-control', NO_STORE).send()
   })
 
   app.get('/stream-token', {

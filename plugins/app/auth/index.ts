@@ -57,7 +57,7 @@ function authorizationHeaders (request: FastifyRequest): number {
 
 /**
  * Authentication, off unless API_TOKENS or AUTH_ISSUERS is set. Then every
- * /api route (but GET /api/auth) and /metrics need a token in the
+ * /api route (but GET /api/auth and /api/auth/sign-out) and /metrics need a token in the
  * Authorization header: one of API_TOKENS, or a JWT of an identity
  * provider of AUTH_ISSUERS. The stream routes also take a stream token
  * (GET /api/stream-token) whose scope covers them, in the header or as
