@@ -45,7 +45,7 @@ export const ConfigSchema = Type.Object({
   STREAMS_SSE_MAX_MS: Type.Integer({ default: 60_000, minimum: 100, maximum: 3_600_000 }),
   REQUEST_TIMEOUT_MS: Type.Integer({ default: 30_000, minimum: 1000, maximum: 3_600_000 }),
   CONNECTION_TIMEOUT_MS: Type.Integer({ default: 120_000, minimum: 1000, maximum: 3_600_000 }),
-  API_TOKENS: Type.String({ default: '', description: 'Static bearer tokens, comma-separated; authentication is on when this or AUTH_ISSUERS is set' }),
+  API_TOKENS: Type.String({ default: '', description: 'Static bearer tokens, comma-separated, each `name:token` (the logs name it) or a bare token (named token-1, token-2... by its place); authentication is on when this or AUTH_ISSUERS is set' }),
   AUTH_ISSUERS: Type.String({ default: '', description: 'Identity providers whose JWTs are accepted: a JSON array of {issuer, audience, jwks_uri?, algorithms?, claims?, ui_client_id?} (docs/authentication.md)' }),
   AUTH_CLOCK_TOLERANCE_S: Type.Integer({ default: 30, minimum: 0, maximum: 300, description: 'Clock skew allowed when checking a JWT\'s exp, nbf and iat' }),
   AUTH_ALLOW_TOKEN_IN_URL: Type.Boolean({ default: false, description: 'Also accept a long-lived token as ?access_token= on the stream routes. Unsafe: URLs land in browser history, proxy logs and Referer headers; use stream tokens instead' }),

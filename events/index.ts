@@ -17,6 +17,7 @@ export { encodeOffset, nextStreamCursor, parseOffset, parseStreamCursor, type St
 export type { StreamPage } from './durable/reads.js'
 export { listEvents, streamSubjectExists, type EventFilter, type LogState, type StoredEvent } from './log.js'
 export { assertEventCursorKept } from './reader.js'
+export { countSent, eventsSent } from './sent.js'
 export type { StreamStart } from './sse/streams.js'
 
 /** How long a shutdown waits for ended streams' last bytes to leave: a client taking none is cut after it. */

@@ -388,7 +388,8 @@ t.test('StreamTokens: a key that could not be read is read again', async (t) => 
   const tokens = new StreamTokens(async () => { if (++reads === 1) throw new Error('database down'); return SECRET }, 60)
   await t.rejects(tokens.sign({}), /database down/)
   const { token } = await tokens.sign({ run_id: 'r' })
-  t.same(await tokens.verify(token), { run_id: 'r' })
+  t.same(await tokens.verify(token), { scope: { run_id: 'r' }, caller: undefined })
+  t.same(await tokens.verify((await tokens.sign({}, 'token ci')).token), { scope: {}, caller: 'token ci' }, 'who asked, as its subject')
   t.equal(reads, 2)
 })
 

@@ -5,6 +5,9 @@ import { pathOf, withoutCredentials } from '../plugins/app/auth/url-credentials.
 import { redactedUrl } from '../plugins/app/db.js'
 import { buildApp } from '../app.js'
 import { build, testConfig } from './helpers/app.js'
+import { startIssuer, TEST_AUDIENCE } from './helpers/issuer.js'
+import { insertEvents, openStream } from './helpers/sse.js'
+import { waitUntil } from './helpers/wait.js'
 
 // Each request's logger is made when a line first goes through it (plugins/app/request-log.ts).
 
@@ -100,4 +103,64 @@ t.test('withoutCredentials and pathOf: the query\'s credentials, whatever their 
   t.equal(pathOf('/api/streams/events?stream_token=x'), '/api/streams/events')
   t.equal(pathOf('/api/runs'), '/api/runs')
   t.equal(redactedUrl('postgres://ocp@db/ocp?sslmode=require'), 'postgres://ocp@db/ocp?sslmode=require', 'nothing to star')
+})
+
+t.test('an audit trail: each line names its principal; a stream\'s line comes when it ends, whoever ends it, with the events it sent', async (t) => {
+  const lines: Array<Record<string, unknown>> = []
+  const stream = { write: (line: string) => { lines.push(JSON.parse(line)) } }
+  const issuer = await startIssuer(t)
+  const app = await build(t, {
+    API_TOKENS: 'ci:ci-secret,bare-secret',
+    AUTH_ISSUERS: JSON.stringify([{ issuer: issuer.url, audience: TEST_AUDIENCE }]),
+    EVENTS_POLL_INTERVAL_MS: 20,
+    STREAMS_LONG_POLL_MS: 100,
+    STREAMS_SSE_MAX_MS: 300
+  }, { logger: { level: 'info', stream } })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const base = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
+  const lineOf = (id: string) => lines.find((line) => line.msg === 'request' && line.reqId === id)
+  const get = (url: string, id: string, token?: string) => fetch(`${base}${url}`, { headers: { 'x-request-id': id, ...(token === undefined ? {} : { authorization: `Bearer ${token}` }) } })
+
+  await (await get('/api/runs', 'named', 'ci-secret')).text()
+  await (await get('/api/runs', 'bare', 'bare-secret')).text()
+  await (await get('/api/runs', 'jwt', await issuer.sign({ sub: 'ada' }))).text()
+  await (await get('/api/runs', 'nobody')).text()
+  t.match(lineOf('named'), { principal: 'token ci', credential: 'static', statusCode: 200 }, 'a static token by its name')
+  t.match(lineOf('bare'), { principal: 'token token-2', credential: 'static' }, 'an unnamed one by its place in API_TOKENS')
+  t.match(lineOf('jwt'), { principal: `${issuer.url} ada`, credential: 'jwt' }, 'a JWT by its issuer and subject')
+  t.match(lineOf('nobody'), { statusCode: 401 })
+  t.notOk('principal' in lineOf('nobody')!, 'a refused request proved no one')
+
+  const { token } = await (await get('/api/stream-token', 'token', 'ci-secret')).json() as { token: string }
+  const [first] = await insertEvents({ event_type: 'audit' })
+  const hungUp = await openStream(base, `/api/events/stream?after_event_id=${first! - 1}&stream_token=${token}`, { 'x-request-id': 'hung-up' })
+  await insertEvents({ event_type: 'audit' })
+  await hungUp.waitFor((s) => s.events().length === 2)
+  t.notOk(lineOf('hung-up'), 'no line while the stream is open')
+  hungUp.close()
+  await waitUntil(() => lineOf('hung-up') !== undefined, 'the hung-up stream\'s line')
+  t.match(lineOf('hung-up'), { principal: 'token ci', credential: 'stream', route: '/api/events/stream', statusCode: 200, eventsSent: 2, hungUp: true }, 'a stream its client ended: whose, how many events')
+  t.type(lineOf('hung-up')!.responseTimeMs, 'number')
+
+  await (await get('/api/streams/events?offset=now&live=sse', 'ended', 'ci-secret')).text()
+  await waitUntil(() => lineOf('ended') !== undefined, 'the ended stream\'s line')
+  t.match(lineOf('ended'), { principal: 'token ci', eventsSent: 0, hungUp: false }, 'a Durable Streams SSE stream the service ended (STREAMS_SSE_MAX_MS)')
+
+  await (await get('/api/streams/events?offset=now&live=long-poll', 'long-poll', 'ci-secret')).text()
+  await waitUntil(() => lineOf('long-poll') !== undefined, 'the long-poll\'s line')
+  t.match(lineOf('long-poll'), { statusCode: 204, eventsSent: 0, hungUp: false }, 'a long-poll answered')
+  await (await get('/api/streams/events?offset=-1', 'catch-up', 'ci-secret')).text()
+  await waitUntil(() => lineOf('catch-up') !== undefined, 'the catch-up\'s line')
+  t.match(lineOf('catch-up'), { statusCode: 200, hungUp: false }, 'a catch-up read: one line too')
+  t.equal(lines.filter((line) => line.reqId === 'hung-up' && line.msg === 'request').length, 1, 'one line per stream')
+})
+
+t.test('API_TOKENS: name:token, or a bare token named by its place', async (t) => {
+  const { namedTokens, StaticTokens } = await import('../plugins/app/auth/static-tokens.js')
+  const tokens = namedTokens(['ci:abc', 'plain', 'has a space:x', 'x:'])
+  t.same(tokens, [{ name: 'ci', token: 'abc' }, { name: 'token-2', token: 'plain' }, { name: 'token-3', token: 'has a space:x' }, { name: 'token-4', token: 'x:' }])
+  const matcher = new StaticTokens(tokens)
+  t.equal(matcher.matches('abc'), 'ci')
+  t.equal(matcher.matches('ci:abc'), undefined, 'the name is not part of the token')
+  t.equal(matcher.matches('nope'), undefined)
 })

@@ -3,6 +3,7 @@ import type { Db } from '../../db/schema.js'
 import { ApiError, shuttingDown } from '../../errors.js'
 import type { EventHub } from '../hub.js'
 import { settledNow, type EventFilter, type StoredEvent } from '../log.js'
+import { countSent } from '../sent.js'
 import { CATCH_UP_PAGE_SIZE, type EventReader } from '../reader.js'
 import { Subscriber, type StreamFormat, type SubscriberOptions } from './subscriber.js'
 
@@ -111,6 +112,7 @@ export class EventStreams {
     // on reaches this subscriber, and whatever it polled before, the reads
     // below see (see docs/stream.md, "How it works", for the argument).
     this.#subscribe(subscriber)
+    countSent(reply.raw, subscriber)
     reply.sse.onClose(() => this.#unsubscribe(subscriber))
 
     let firstPage: StoredEvent[] | undefined = []

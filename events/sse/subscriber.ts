@@ -82,6 +82,8 @@ export interface SubscriberOptions {
 export class Subscriber implements Listener {
   /** The last position this client was told of, by an event or an id-only block. */
   lastId: number
+  /** Events written to this client (its stream's end line says it). */
+  sent = 0
   lastWriteAt = Date.now()
   /**
    * The share of keepAliveMs this stream stays quiet before its keep-alive:
@@ -190,6 +192,7 @@ export class Subscriber implements Listener {
   send (event: StoredEvent): boolean {
     if (event.id <= this.lastId) return true
     this.lastId = event.id
+    this.sent++
     return this.write(this.format.event(event, this.isLive))
   }
 
@@ -262,6 +265,7 @@ export class Subscriber implements Listener {
     }
     const { text, position } = this.format.batch!(fresh, fresh.at(-1)?.id ?? this.lastId, upToDate)
     this.lastId = position
+    this.sent += fresh.length
     return this.write(text)
   }
 

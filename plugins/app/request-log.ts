@@ -1,7 +1,9 @@
-import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
+import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { randomUUID } from 'node:crypto'
 import type { IncomingMessage } from 'node:http'
+import { eventsSent } from '../../events/index.js'
+import { callerOf } from './auth/index.js'
 import { withoutCredentials } from './auth/url-credentials.js'
 import type { Bindings, ChildLoggerOptions, Level, LevelWithSilentOrString, LogFn, Logger } from 'pino'
 
@@ -84,32 +86,53 @@ export const PROBES = new Set(['/health', '/ready'])
 /** Whether `log` writes lines of `level` (Fastify's logger is pino's, whose type Fastify narrows). */
 const writes = (log: FastifyBaseLogger, level: 'info' | 'debug') => (log as Logger).isLevelEnabled(level)
 
+/** A stream route's (the event stream's, a Durable Streams route's): its line is written when its connection closes. */
+const isStreamRoute = (request: FastifyRequest) => request.routeOptions.config.streamScope !== undefined
+
+/** The request's line: what was asked, by whom, and how it was answered. */
+function logRequest (request: FastifyRequest, reply: FastifyReply, level: 'info' | 'debug', stream?: { eventsSent: number | undefined, hungUp: boolean }) {
+  const { principal } = request
+  request.log[level]({
+    method: request.method,
+    url: loggableUrl(request.url),
+    route: routeOf(request),
+    statusCode: reply.statusCode,
+    responseTimeMs: Math.round(reply.elapsedTime * 100) / 100,
+    ...(principal === undefined ? {} : { principal: callerOf(principal), credential: principal.kind }),
+    ...stream
+  }, 'request')
+}
+
 /**
- * One log line per request, when its response is done (for a stream: when
- * it ends), carrying the request id; the id is echoed in X-Request-Id.
- * Headers are never logged, so neither is an Authorization header.
- * Probes are logged at debug. At a level that writes no request line (warn
- * and above), no hook runs after the response: the line is not even built.
- * Callback hooks, not async ones: no promise per request.
+ * One log line per request, when its response is done, carrying the
+ * request id (echoed in X-Request-Id) and, with authentication on, who
+ * made it (`principal`: a static token's name, a JWT's issuer and subject,
+ * or whoever asked for the stream token; `credential`: which kind). A
+ * stream's and a long-poll's line is written when its connection closes,
+ * whoever ends it (Fastify's onResponse never runs when a client hangs
+ * up), with `eventsSent` and `hungUp` (the connection closed before the
+ * service ended the response: the client left, or was cut off); its
+ * `responseTimeMs` is then how long it lasted. Headers are never logged,
+ * so neither is an Authorization header. Probes are logged at debug. At a
+ * level that writes no request line (warn and above), no hook runs after
+ * the response: the line is not even built. Callback hooks, not async
+ * ones: no promise per request.
  */
 export default fp(async function requestLogPlugin (app) {
+  const logged = writes(app.log, 'info')
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-request-id', request.id)
+    if (logged && isStreamRoute(request)) {
+      reply.raw.once('close', () => {
+        if (writes(request.log, 'info')) logRequest(request, reply, 'info', { eventsSent: eventsSent(reply.raw), hungUp: !reply.raw.writableFinished })
+      })
+    }
     done()
   })
-  if (!writes(app.log, 'info')) return
+  if (!logged) return
   app.addHook('onResponse', (request, reply, done) => {
-    const route = routeOf(request)
-    const level = PROBES.has(route) ? 'debug' : 'info'
-    if (writes(request.log, level)) {
-      request.log[level]({
-        method: request.method,
-        url: loggableUrl(request.url),
-        route,
-        statusCode: reply.statusCode,
-        responseTimeMs: Math.round(reply.elapsedTime * 100) / 100
-      }, 'request')
-    }
+    const level = PROBES.has(routeOf(request)) ? 'debug' : 'info'
+    if (!isStreamRoute(request) && writes(request.log, level)) logRequest(request, reply, level)
     done()
   })
 }, { name: 'request-log' })

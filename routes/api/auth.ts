@@ -1,6 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
 import { authenticationOn } from '../../config.js'
+import { callerOf } from '../../plugins/app/auth/index.js'
 import { NO_STORE } from '../../plugins/app/http-cache.js'
 import { commonErrors, errorResponse, StreamTokenQuery } from '../../schemas/api.js'
 
@@ -68,7 +69,8 @@ const authRoutes: FastifyPluginAsyncTypebox = async (app) => {
     }
   }, async (request, reply) => {
     const { run_id: runId, thread_id: threadId } = request.query
-    const token = await app.streamTokens.sign({ ...(runId === undefined ? {} : { run_id: runId }), ...(threadId === undefined ? {} : { thread_id: threadId }) })
+    const scope = { ...(runId === undefined ? {} : { run_id: runId }), ...(threadId === undefined ? {} : { thread_id: threadId }) }
+    const token = await app.streamTokens.sign(scope, request.principal === undefined ? undefined : callerOf(request.principal))
     return reply.header('cache-control', NO_STORE).send(token)
   })
 }

@@ -2,7 +2,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyReply, FastifyRequest, RouteHandlerMethod } from 'fastify'
 import { Type, type Static } from 'typebox'
 import { ApiError, CursorBeyondError, CursorLostError, invalidParameter, notFound, offsetBeyond } from '../../errors.js'
-import { durableSseFormat, encodeOffset, nextStreamCursor, parseOffset, parseStreamCursor, streamSubjectExists, type EventFilter, type StoredEvent, type StreamOffset, type StreamPage } from '../../events/index.js'
+import { countSent, durableSseFormat, encodeOffset, nextStreamCursor, parseOffset, parseStreamCursor, streamSubjectExists, type EventFilter, type StoredEvent, type StreamOffset, type StreamPage } from '../../events/index.js'
 import type { StreamScope } from '../../plugins/app/auth/stream-tokens.js'
 import { NO_STORE } from '../../plugins/app/http-cache.js'
 import { commonErrors, ConditionalHeaders, DurableStreamQuery, errorResponse, RunParams, StreamOffsetParam, ThreadParams } from '../../schemas/api.js'
@@ -189,6 +189,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
       else reply.raw.on('close', () => { if (!reply.raw.writableEnded) stop() })
     }
     return events.durable.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone).then((page) => {
+      countSent(reply.raw, { sent: page.events.length })
       reply.header('stream-cursor', nextStreamCursor(Date.now(), cursor))
       if (page.events.length > 0) return sendPage(reply, page)
       return reply.code(204).header('stream-next-offset', encodeOffset(page.next)).header('stream-up-to-date', 'true')

@@ -36,10 +36,13 @@ export class StreamTokens {
     return this.key
   }
 
-  async sign (scope: StreamScope): Promise<{ token: string, expires_at: string, scope: StreamScope }> {
+  /** A token for `scope`, naming `caller` (who asked: its `sub`), so that what it opens is counted and logged as theirs. */
+  async sign (scope: StreamScope, caller?: string): Promise<{ token: string, expires_at: string, scope: StreamScope }> {
     const now = Math.floor(Date.now() / 1000)
     const expires = now + this.ttlSeconds
-    const token = await new SignJWT({ stream: scope })
+    const claims = new SignJWT({ stream: scope })
+    if (caller !== undefined) claims.setSubject(caller)
+    const token = await claims
       .setProtectedHeader({ alg: 'HS256', typ: 'JWT' })
       .setIssuer(STREAM_TOKEN_ISSUER)
       .setAudience(STREAM_TOKEN_AUDIENCE)
@@ -49,8 +52,8 @@ export class StreamTokens {
     return { token, expires_at: new Date(expires * 1000).toISOString(), scope }
   }
 
-  /** The scope of a valid stream token; an UnauthorizedError saying what is wrong otherwise. */
-  async verify (token: string): Promise<StreamScope> {
+  /** The scope of a valid stream token, and who asked for it; an UnauthorizedError saying what is wrong otherwise. */
+  async verify (token: string): Promise<{ scope: StreamScope, caller: string | undefined }> {
     try {
       const { payload } = await jwtVerify<{ stream?: StreamScope }>(token, await this.signingKey(), {
         issuer: STREAM_TOKEN_ISSUER,
@@ -61,7 +64,7 @@ export class StreamTokens {
       })
       const scope = payload.stream
       if (typeof scope !== 'object' || scope === null) throw new UnauthorizedError('the stream token names no scope', true)
-      return scope
+      return { scope, caller: payload.sub }
     } catch (error) {
       if (error instanceof errors.JWTExpired) throw new UnauthorizedError('the stream token has expired: get a new one from GET /api/stream-token', true)
       if (error instanceof errors.JOSEError) throw new UnauthorizedError('the stream token is not valid (its signature does not verify, or it is malformed)', true)
