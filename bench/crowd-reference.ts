@@ -126,10 +126,11 @@ async function service (): Promise<Server> {
   await writer.connect()
   await writer.query(`insert into runs (run_id, goal, summary, status) values ($1, 'crowd', '', 'running')`, [RUN])
   const port = await freePort()
-  // As it ships (the Dockerfile's and `npm start`'s dist/server.js), not through tsx.
+  // As it ships (the Dockerfile's and `npm start`'s dist/server.js), not through tsx; the crowd, one client, is
+  // past a caller's share of long-polls (2,500 by default) and may reach the instance's: admitted, as the reference admits it.
   const child = spawn(process.execPath, [...startFlags().split(/\s+/).filter(Boolean), ...args['node-args'].split(' ').filter(Boolean), join(root, 'dist/server.js')], {
     cwd: root,
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'error', MIGRATE_ON_START: 'false', STREAMS_LONG_POLL_MS: String(LONG_POLL_MS) },
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'error', MIGRATE_ON_START: 'false', STREAMS_LONG_POLL_MS: String(LONG_POLL_MS), STREAMS_MAX_LONG_POLLS: '1000000', STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
     stdio: ['ignore', 'inherit', 'inherit']
   })
   await until(`http://127.0.0.1:${port}/ready`)

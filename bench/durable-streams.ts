@@ -64,7 +64,7 @@ const runId = (i: number) => `bench-ds-${i % runs}`
 async function startService (port: number): Promise<ChildProcess> {
   const child = spawn(process.execPath, serviceArgs(args.entry, serviceFlags), {
     cwd: root,
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', MAX_EVENT_LOOP_DELAY_MS: '0', SSE_MAX_STREAMS: '1000000' },
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', MAX_EVENT_LOOP_DELAY_MS: '0', SSE_MAX_STREAMS: '1000000', STREAMS_MAX_LONG_POLLS: '1000000', STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc']
   })
   for (let attempt = 0; attempt < 300; attempt++) {

@@ -116,9 +116,10 @@ async function startService (port: number, wakeup: string): Promise<ChildProcess
       MIGRATE_ON_START: 'false',
       EVENTS_POLL_INTERVAL_MS: String(pollMs),
       EVENTS_WAKEUP: wakeup,
-      // Measure delivery, not admission: the service sheds new streams under event-loop delay and caps them at 10,000 by default.
+      // Measure delivery, not admission: the service sheds new streams under event-loop delay and caps them at 10,000 by default, a quarter of that for one caller (this one client).
       MAX_EVENT_LOOP_DELAY_MS: '0',
-      SSE_MAX_STREAMS: '1000000'
+      SSE_MAX_STREAMS: '1000000',
+      SSE_MAX_STREAMS_PER_CALLER: '1000000'
     },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc']
   })
