@@ -4,7 +4,7 @@ import Fastify, { LogController, type FastifyInstance, type FastifyPluginCallbac
 import { dirname, join } from 'node:path'
 import { pino } from 'pino'
 import { fileURLToPath } from 'node:url'
-import type { Config } from './config.js'
+import { trustedProxiesOf, type Config } from './config.js'
 import { ACCEPTS, badRequest, toApiError } from './errors.js'
 import { NO_STORE } from './plugins/app/http-cache.js'
 import { countRequests } from './plugins/request-metrics.js'
@@ -59,6 +59,8 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
     // One line per request, written by plugins/app/request-log.ts.
     logController: new LogController({ disableRequestLogging: true }),
     genReqId: requestIdOf,
+    // request.ip: the peer, or from TRUSTED_PROXIES, the client their X-Forwarded-For names (the limits per caller count it).
+    trustProxy: trustedProxiesOf(config),
     childLoggerFactory: requestLogger,
     // Answered by plugins/app/shutdown.ts, with the envelope.
     return503OnClosing: false,

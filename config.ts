@@ -1,5 +1,5 @@
 import { envSchema } from 'env-schema'
-import { createServer } from 'node:net'
+import { createServer, isIP } from 'node:net'
 import { Type, type Static, type TObject } from 'typebox'
 import { Value } from 'typebox/value'
 import { MAX_PAGE_LIMIT } from './schemas/api.js'
@@ -43,6 +43,11 @@ export const ConfigSchema = Type.Object({
   SSE_MAX_STREAMS: Type.Integer({ default: 10_000, minimum: 1, maximum: 1_000_000 }),
   STREAMS_LONG_POLL_MS: Type.Integer({ default: 20_000, minimum: 100, maximum: 60_000 }),
   STREAMS_SSE_MAX_MS: Type.Integer({ default: 60_000, minimum: 100, maximum: 3_600_000 }),
+  // Fair limits per caller (docs/operating.md, "Limits per caller"): a caller is a principal, or with authentication off a client's address.
+  SSE_MAX_STREAMS_PER_CALLER: Type.Optional(Type.Integer({ minimum: 1, maximum: 1_000_000, description: 'Most event streams one caller holds on this process; absent: a quarter of SSE_MAX_STREAMS, at least 1' })),
+  STREAMS_MAX_LONG_POLLS: Type.Integer({ default: 10_000, minimum: 1, maximum: 1_000_000, description: 'Most Durable Streams long-polls this process answers at once' }),
+  STREAMS_MAX_LONG_POLLS_PER_CALLER: Type.Optional(Type.Integer({ minimum: 1, maximum: 1_000_000, description: 'Most long-polls one caller holds on this process; absent: a quarter of STREAMS_MAX_LONG_POLLS, at least 1' })),
+  TRUSTED_PROXIES: Type.String({ default: '', description: 'Proxies whose X-Forwarded-For names the client, comma-separated: addresses, CIDR ranges, or loopback, linklocal, uniquelocal; empty: none (the client is the connection\'s peer)' }),
   REQUEST_TIMEOUT_MS: Type.Integer({ default: 30_000, minimum: 1000, maximum: 3_600_000 }),
   CONNECTION_TIMEOUT_MS: Type.Integer({ default: 120_000, minimum: 1000, maximum: 3_600_000 }),
   API_TOKENS: Type.String({ default: '', description: 'Static bearer tokens, comma-separated, each `name:token` (the logs name it) or a bare token (named token-1, token-2... by its place); authentication is on when this or AUTH_ISSUERS is set' }),
@@ -58,7 +63,10 @@ export const ConfigSchema = Type.Object({
   MAX_RSS_BYTES: Type.Integer({ default: 0, minimum: 0 })
 })
 
-export type Config = Static<typeof ConfigSchema>
+/** The settings whose default is another's share: loadConfig fills them in (perCallerDefaults). */
+type PerCallerLimits = 'SSE_MAX_STREAMS_PER_CALLER' | 'STREAMS_MAX_LONG_POLLS_PER_CALLER'
+
+export type Config = Omit<Static<typeof ConfigSchema>, PerCallerLimits> & Required<Pick<Static<typeof ConfigSchema>, PerCallerLimits>>
 
 /** The demo's own settings (`npm run demo`), beside the service's: docs/development.md. */
 export const DemoConfigSchema = Type.Object({
@@ -92,7 +100,8 @@ function fromEnvironment<T> (schema: TObject, env: NodeJS.ProcessEnv): T {
  * ConfigError whose message names the variable (e.g. `env/PORT must be <= 65535`).
  */
 export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
-  const config = fromEnvironment<Config>(ConfigSchema, env)
+  const config = perCallerDefaults(fromEnvironment<Static<typeof ConfigSchema>>(ConfigSchema, env))
+  trustedProxiesOf(config)
   // DATABASE_URL is where migrations and the event log's upkeep go: reads alone elsewhere would leave both undone.
   if (config.DATABASE_READ_URL !== undefined && config.DATABASE_URL === undefined) {
     throw new ConfigError('invalid configuration: DATABASE_READ_URL needs DATABASE_URL (the primary, for migrations and the event log\'s upkeep); to read from a hot standby alone, set DATABASE_URL to it instead')
@@ -185,4 +194,37 @@ const DURATION_UNIT_MS = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 } as 
 /** A duration as the configuration writes it (`90s`, `15m`, `12h`, `30d`; checked by ConfigSchema) in milliseconds. */
 export function durationMs (text: string): number {
   return Number(text.slice(0, -1)) * DURATION_UNIT_MS[text.slice(-1) as keyof typeof DURATION_UNIT_MS]
+}
+
+/** A caller's share of a limit, unless set: a quarter of the instance's, at least 1 (Kubernetes' priority and fairness gives no one flow all the seats either). */
+const aQuarterOf = (limit: number) => Math.max(1, Math.floor(limit / 4))
+
+/** The configuration with each per-caller limit not given set to its default, a quarter of the instance's. */
+function perCallerDefaults (config: Static<typeof ConfigSchema>): Config {
+  return {
+    ...config,
+    SSE_MAX_STREAMS_PER_CALLER: config.SSE_MAX_STREAMS_PER_CALLER ?? aQuarterOf(config.SSE_MAX_STREAMS),
+    STREAMS_MAX_LONG_POLLS_PER_CALLER: config.STREAMS_MAX_LONG_POLLS_PER_CALLER ?? aQuarterOf(config.STREAMS_MAX_LONG_POLLS)
+  }
+}
+
+/** The names Fastify's trustProxy (proxy-addr) knows for ranges of addresses. */
+const PROXY_RANGES = new Set(['loopback', 'linklocal', 'uniquelocal'])
+
+/**
+ * TRUSTED_PROXIES as Fastify's trustProxy takes it: the proxies whose
+ * X-Forwarded-For is believed (false: none, the client is the peer).
+ * Throws a ConfigError naming an item that is no address, range or name.
+ */
+export function trustedProxiesOf (config: Pick<Config, 'TRUSTED_PROXIES'>): string[] | false {
+  const proxies = listOf(config.TRUSTED_PROXIES)
+  for (const proxy of proxies) {
+    const [address, prefix, ...rest] = proxy.split('/')
+    const version = isIP(address!)
+    const prefixFits = prefix === undefined || (/^\d{1,3}$/.test(prefix) && Number(prefix) <= (version === 4 ? 32 : 128))
+    if (!PROXY_RANGES.has(proxy) && (version === 0 || !prefixFits || rest.length > 0)) {
+      throw new ConfigError(`invalid configuration: TRUSTED_PROXIES lists ${JSON.stringify(proxy)}, which is no address (10.0.0.5), CIDR range (10.0.0.0/8) or name (loopback, linklocal, uniquelocal)`)
+    }
+  }
+  return proxies.length === 0 ? false : proxies
 }

@@ -11,6 +11,7 @@ export const ErrorCodes = {
   unavailable: 503,
   cursor_expired: 410,
   method_not_allowed: 405,
+  too_many_requests: 429,
   internal: 500
 } as const
 
@@ -50,6 +51,33 @@ export class UnauthorizedError extends ApiError {
 
 /** An identity provider that could not be reached to check a token: worth retrying. */
 export const identityProviderUnavailable = (issuer: string) => new ApiError('unavailable', `the identity provider ${issuer} could not be reached to check the token; try again shortly`)
+
+/** What the limits on open connections count (events/limits.ts): event streams (SSE, on either route) and Durable Streams long-polls. */
+export type LimitedKind = 'stream' | 'long-poll'
+
+/** Which limit refused: the instance's (SSE_MAX_STREAMS, STREAMS_MAX_LONG_POLLS), or the caller's share of it (the *_PER_CALLER settings). */
+export type LimitReason = 'instance' | 'caller'
+
+const LIMITED = {
+  stream: { what: 'event streams', setting: 'SSE_MAX_STREAMS_PER_CALLER' },
+  'long-poll': { what: 'long-polls', setting: 'STREAMS_MAX_LONG_POLLS_PER_CALLER' }
+} as const
+
+/**
+ * A stream or long-poll refused at a limit, before any byte is sent: at
+ * the instance's, 503 `unavailable` (another instance may have room: a
+ * balancer retries there); at the caller's share, 429 `too_many_requests`
+ * (its own streams or long-polls hold it). Either way the client comes
+ * back after Retry-After, or, on a stream, its `retry:`.
+ */
+export class LimitRefusal extends ApiError {
+  constructor (readonly kind: LimitedKind, readonly reason: LimitReason, limit: number) {
+    const { what, setting } = LIMITED[kind]
+    super(reason === 'instance' ? 'unavailable' : 'too_many_requests', reason === 'instance'
+      ? `this instance already serves ${limit} ${what}, retry shortly or on another instance`
+      : `this caller already holds ${limit} ${what} on this instance (its share, ${setting}): end one, or retry shortly`)
+  }
+}
 
 export const notFound = (what: string) => new ApiError('not_found', `${what} not found`)
 /** Load shedding (plugins/external/under-pressure.ts), and any 503 from the framework. */

@@ -7,6 +7,7 @@ import type { FastifyBaseLogger } from 'fastify'
 import type { Db } from '../db/schema.js'
 import { DurableReads } from './durable/reads.js'
 import { EventHub } from './hub.js'
+import type { Limit } from './limits.js'
 import { EventReader } from './reader.js'
 import { EventStreams } from './sse/streams.js'
 import { SOON_TICK_MS, EventLogUpkeep } from './upkeep/keeper.js'
@@ -29,12 +30,15 @@ export interface EventLogOptions {
   wakeupPollIntervalMs: number
   /** EVENTS_WINDOW_BYTES. */
   windowBytes: number
-  /** SSE_KEEPALIVE_MS, SSE_MAX_STREAMS, SSE_RETRY_MS, SSE_MAX_BUFFERED_BYTES, SSE_SLOW_CLIENT_TIMEOUT_MS. */
+  /** SSE_KEEPALIVE_MS, SSE_MAX_STREAMS, SSE_MAX_STREAMS_PER_CALLER, SSE_RETRY_MS, SSE_MAX_BUFFERED_BYTES, SSE_SLOW_CLIENT_TIMEOUT_MS. */
   keepAliveMs: number
   maxStreams: number
+  maxStreamsPerCaller: number
   retryMs: number
   maxBufferedBytes: number
   slowClientMs: number
+  /** STREAMS_MAX_LONG_POLLS and STREAMS_MAX_LONG_POLLS_PER_CALLER. */
+  longPolls: Limit
   /** What wakes the hub between polls (EVENTS_WAKEUP: auto, wal), on this database; undefined: polling alone. */
   wakeup: { mode: 'auto' | 'wal', url: string, connectTimeoutMs: number } | undefined
   /** Where the upkeep runs (a database it may write: the primary), how often it ticks, how long events are kept; undefined: no upkeep here. */
@@ -63,7 +67,7 @@ export class EventLog {
     const hub = this.hub = new EventHub(db, { pollIntervalMs: options.pollIntervalMs, wakeupPollIntervalMs: options.wakeupPollIntervalMs, windowBytes: options.windowBytes, log: log.child({ component: 'event-hub' }) })
     this.reader = new EventReader(db, hub)
     this.streams = new EventStreams(db, hub, this.reader, { ...options, log: log.child({ component: 'event-hub' }) })
-    this.durable = new DurableReads(db, hub, this.reader)
+    this.durable = new DurableReads(db, hub, this.reader, options.longPolls)
     hub.onTicked = (now, head) => { this.streams.sweep(now, head) }
     this.wakeup = options.wakeup === undefined
       ? undefined

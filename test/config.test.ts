@@ -1,6 +1,6 @@
 import { createServer } from 'node:net'
 import t from 'tap'
-import { checkSettings, ConfigError, durationMs, listenFailure, loadConfig, loadDemoConfig, portFree } from '../config.js'
+import { checkSettings, ConfigError, durationMs, listenFailure, loadConfig, loadDemoConfig, portFree, trustedProxiesOf } from '../config.js'
 
 const url = 'postgres://postgres@127.0.0.1:5432/postgres'
 
@@ -38,6 +38,10 @@ t.test('defaults', async (t) => {
     SSE_MAX_STREAMS: 10000,
     STREAMS_LONG_POLL_MS: 20000,
     STREAMS_SSE_MAX_MS: 60000,
+    SSE_MAX_STREAMS_PER_CALLER: 2500,
+    STREAMS_MAX_LONG_POLLS: 10000,
+    STREAMS_MAX_LONG_POLLS_PER_CALLER: 2500,
+    TRUSTED_PROXIES: '',
     REQUEST_TIMEOUT_MS: 30000,
     CONNECTION_TIMEOUT_MS: 120000,
     API_TOKENS: '',
@@ -93,6 +97,22 @@ t.test('a bad or missing value is refused, naming the variable', async (t) => {
   for (const [env, pattern] of cases) {
     t.throws(() => loadConfig(env), ConfigError, JSON.stringify(env))
     t.throws(() => loadConfig(env), { message: pattern })
+  }
+})
+
+t.test('a caller\'s share of the streams and long-polls: by default a quarter of the instance\'s, at least 1', async (t) => {
+  t.match(loadConfig({ DATABASE_URL: url, SSE_MAX_STREAMS: '100', STREAMS_MAX_LONG_POLLS: '42' }), { SSE_MAX_STREAMS_PER_CALLER: 25, STREAMS_MAX_LONG_POLLS_PER_CALLER: 10 })
+  t.match(loadConfig({ DATABASE_URL: url, SSE_MAX_STREAMS: '3', STREAMS_MAX_LONG_POLLS: '1' }), { SSE_MAX_STREAMS_PER_CALLER: 1, STREAMS_MAX_LONG_POLLS_PER_CALLER: 1 }, 'at least 1')
+  t.match(loadConfig({ DATABASE_URL: url, SSE_MAX_STREAMS_PER_CALLER: '7', STREAMS_MAX_LONG_POLLS_PER_CALLER: '' }), { SSE_MAX_STREAMS_PER_CALLER: 7, STREAMS_MAX_LONG_POLLS_PER_CALLER: 2500 }, 'set, it is taken as given; empty, the default')
+  t.throws(() => loadConfig({ DATABASE_URL: url, STREAMS_MAX_LONG_POLLS_PER_CALLER: '0' }), { message: /STREAMS_MAX_LONG_POLLS_PER_CALLER must be >= 1/ })
+})
+
+t.test('TRUSTED_PROXIES: addresses, CIDR ranges and proxy-addr\'s names; anything else is refused, named', async (t) => {
+  t.equal(loadConfig({ DATABASE_URL: url, TRUSTED_PROXIES: ' 10.0.0.5, 172.16.0.0/12,::1, fd00::/8 ,loopback,uniquelocal' }).TRUSTED_PROXIES, ' 10.0.0.5, 172.16.0.0/12,::1, fd00::/8 ,loopback,uniquelocal')
+  t.same(trustedProxiesOf({ TRUSTED_PROXIES: '10.0.0.5, fd00::/8,loopback' }), ['10.0.0.5', 'fd00::/8', 'loopback'])
+  t.equal(trustedProxiesOf({ TRUSTED_PROXIES: '' }), false, 'none: the client is the connection\'s peer')
+  for (const bad of ['nginx', '10.0.0.0/33', 'fd00::/129', '10.0.0.0/', '10.0.0.0/8/8', '10.0.0.300', 'all']) {
+    t.throws(() => loadConfig({ DATABASE_URL: url, TRUSTED_PROXIES: `127.0.0.1,${bad}` }), { message: `invalid configuration: TRUSTED_PROXIES lists ${JSON.stringify(bad)}, which is no address (10.0.0.5), CIDR range (10.0.0.0/8) or name (loopback, linklocal, uniquelocal)` }, bad)
   }
 })
 

@@ -16,18 +16,18 @@ const HEAD = 10
 const state: LogState = { settled: HEAD, floor: 0, epoch: 1, epochBase: 0, reissued: [], lossPending: false, waitingPid: null, waitingTransaction: null, preparedWriters: 0, settledAge: 0, drawn: HEAD }
 const event = (id: number): StoredEvent => ({ id, runId: 'run-1', threadId: '', json: `{"event_id":${id}}` })
 
-function setup (recent: (afterId: number) => StoredEvent[] | undefined) {
+function setup (recent: (afterId: number) => StoredEvent[] | undefined, longPolls = { max: 100, maxPerCaller: 100 }) {
   const listeners = new Set<Listener>()
   const hub = { head: HEAD, state, listen: (listener: Listener) => listeners.add(listener), unlisten: (listener: Listener) => listeners.delete(listener) }
   const reader = { recentKeptAfter: (afterId: number) => recent(afterId) }
-  return { listeners, reads: new DurableReads(undefined as never, hub as unknown as EventHub, reader as unknown as EventReader) }
+  return { listeners, reads: new DurableReads(undefined as never, hub as unknown as EventHub, reader as unknown as EventReader, longPolls) }
 }
 
 const noGone = () => {}
 
 t.test('events the window holds past the offset: answered at once', async (t) => {
   const { listeners, reads } = setup(() => [event(9), event(10)])
-  const page = await reads.longPoll(8, { runId: 'run-1' }, 'offset', 1000, noGone)
+  const page = await reads.longPoll(8, { runId: 'run-1' }, 'offset', 1000, noGone, 'caller')
   t.same(page.events.map((e) => e.id), [9, 10])
   t.equal(page.next, HEAD)
   t.equal(listeners.size, 0, 'nothing left listening')
@@ -37,14 +37,15 @@ t.test('events the window holds past the offset: answered at once', async (t) =>
 t.test('a cursor the window refuses (a range reissued after a failover): rejected, nothing left listening', async (t) => {
   const refused = new ApiError('cursor_expired', 'lost in a failover')
   const { listeners, reads } = setup(() => { throw refused })
-  await t.rejects(reads.longPoll(8, { runId: 'run-1' }, 'offset', 1000, noGone), refused)
+  await t.rejects(reads.longPoll(8, { runId: 'run-1' }, 'offset', 1000, noGone, 'caller'), refused)
   t.equal(listeners.size, 0)
   t.equal(reads.waiting, 0)
+  t.equal(reads.longPolls, 0, 'and its slot given back')
 })
 
 t.test('nothing yet: waits on the hub, and answers what a poll hands out', async (t) => {
   const { listeners, reads } = setup(() => [])
-  const answer = reads.longPoll(HEAD, { runId: 'run-1' }, 'offset', 10_000, noGone)
+  const answer = reads.longPoll(HEAD, { runId: 'run-1' }, 'offset', 10_000, noGone, 'caller')
   t.equal(listeners.size, 1, 'listening')
   t.equal(reads.waiting, 1)
   const [waiter] = listeners
@@ -54,4 +55,26 @@ t.test('nothing yet: waits on the hub, and answers what a poll hands out', async
   const page = await answer
   t.same(page.events.map((e) => e.id), [HEAD + 1])
   t.equal(listeners.size, 0, 'and listens no more')
+})
+
+t.test('one caller at its share of long-polls is refused, another is not; a long-poll gives its slot back when it ends', async (t) => {
+  const { listeners, reads } = setup(() => [], { max: 3, maxPerCaller: 2 })
+  const leave: Array<() => void> = []
+  const whenGone = (stop: () => void) => { leave.push(stop) }
+  const poll = (caller: string) => reads.longPoll(HEAD, { runId: 'run-1' }, 'offset', 10_000, whenGone, caller)
+  const held = [poll('a'), poll('a')]
+  await t.rejects(poll('a'), { code: 'too_many_requests', statusCode: 429, kind: 'long-poll', reason: 'caller', message: /already holds 2 long-polls .*STREAMS_MAX_LONG_POLLS_PER_CALLER/ })
+  held.push(poll('b'))
+  t.equal(reads.longPolls, 3, 'another caller still gets one')
+  await t.rejects(poll('c'), { code: 'unavailable', statusCode: 503, kind: 'long-poll', reason: 'instance', message: /already serves 3 long-polls/ })
+  t.same(reads.refused, { instance: 1, caller: 1 })
+  t.equal(listeners.size, 3, 'the refused ones never listened')
+  // Their clients leave: the waits end, and the slots come back.
+  for (const stop of leave) stop()
+  await Promise.all(held)
+  t.equal(reads.longPolls, 0)
+  const again = poll('a')
+  t.equal(reads.longPolls, 1, 'a slot given back is a slot to take')
+  leave.at(-1)!()
+  await again
 })

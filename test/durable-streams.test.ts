@@ -394,7 +394,7 @@ t.test('up to date means up to date: events committed above a writer in flight m
 async function answerCrowd (app: FastifyInstance, run: string, crowd: number) {
   await insertGraph({ runs: [makeRun({ run_id: run })] })
   const from = await app.events.ready()
-  const polls = Array.from({ length: crowd }, () => app.events.durable.longPoll(from, { runId: run }, 'offset', 10_000, () => {}))
+  const polls = Array.from({ length: crowd }, () => app.events.durable.longPoll(from, { runId: run }, 'offset', 10_000, () => {}, 'crowd'))
   await waitUntil(() => app.events.durable.waiting === crowd, 'every long-poll to wait')
   let turned = false
   const afterTurn: boolean[] = []

@@ -1,6 +1,6 @@
 import { connect, type Socket } from 'node:net'
-import t from 'tap'
-import { build } from './helpers/app.js'
+import t, { type Test } from 'tap'
+import { build, serve } from './helpers/app.js'
 import { json } from './helpers/fixtures.js'
 import { startIssuer, TEST_AUDIENCE } from './helpers/issuer.js'
 import { metricValue } from './helpers/metrics.js'
@@ -34,6 +34,121 @@ t.test('a cap on open streams: beyond it, a retry', async (t) => {
   t.same(again.frames[0], { retry: String(app.config.SSE_RETRY_MS), comments: [] }, 'a slot freed is a slot available: a stream, not a refusal')
   t.equal(app.events.streams.size, 3, 'and it holds the slot')
   for (const stream of [...open, again]) stream.close()
+})
+
+/** A request held open (a Durable Streams read, SSE or long-poll) until its client leaves, or its test ends. */
+function hold (t: Test, url: string, path: string, headers: Record<string, string> = {}) {
+  const controller = new AbortController()
+  t.teardown(() => controller.abort())
+  void fetch(`${url}${path}`, { headers, signal: controller.signal }).then((response) => response.text()).catch(() => undefined)
+  return { leave: () => controller.abort() }
+}
+
+/** A client's long-poll of the whole log from `offset`, held as `hold` does. */
+const holdLongPoll = (t: Test, url: string, offset: string, headers: Record<string, string> = {}) => hold(t, url, `/api/streams/events?offset=${offset}&live=long-poll`, headers)
+
+/** The count of event_limit_refusals_total for `kind` and `reason` in /metrics text. */
+const refusals = (text: string, kind: string, reason: string) => Number(new RegExp(`^event_limit_refusals_total\\{kind="${kind}",reason="${reason}"\\} (\\d+)$`, 'm').exec(text)?.[1])
+
+const tooManyStreams = (limit: number) => `too_many_requests: this caller already holds ${limit} event streams on this instance (its share, SSE_MAX_STREAMS_PER_CALLER): end one, or retry shortly`
+
+t.test('one caller at its share takes no other caller\'s slots (authentication off: the client\'s address, as a trusted proxy gives it)', async (t) => {
+  const { app, url } = await serve(t, { SSE_MAX_STREAMS: 10, SSE_MAX_STREAMS_PER_CALLER: 2, STREAMS_MAX_LONG_POLLS: 10, STREAMS_MAX_LONG_POLLS_PER_CALLER: 2, STREAMS_LONG_POLL_MS: 60_000, TRUSTED_PROXIES: '127.0.0.1' })
+  const { streams, durable } = app.events
+  const a = { 'x-forwarded-for': '203.0.113.1' }
+  const b = { 'x-forwarded-for': '198.51.100.7, 203.0.113.2' }
+  const retry = String(app.config.SSE_RETRY_MS)
+
+  // A's share of streams, one on each route; a third is a retry saying why.
+  const heldByA = [await openStream(url, '/api/events/stream', a)]
+  t.teardown(() => { for (const stream of heldByA) stream.close() })
+  hold(t, url, '/api/streams/events?offset=now&live=sse', a)
+  await waitUntil(() => streams.size === 2, 'A\'s two streams')
+  for (const path of ['/api/events/stream', '/api/streams/events?offset=now&live=sse']) {
+    const refused = await openStream(url, path, a)
+    t.equal(refused.status, 200, 'a 200, or a browser EventSource would give up for good')
+    await refused.ended
+    t.same(refused.frames, [{ retry, comments: [tooManyStreams(2)] }], `${path}: refused as a retry, the caller's share named`)
+  }
+
+  // A's share of long-polls; a third is a 429 with Retry-After.
+  const tail = (await fetch(`${url}/api/streams/events?offset=now`)).headers.get('stream-next-offset')!
+  const pollsOfA = [holdLongPoll(t, url, tail, a), holdLongPoll(t, url, tail, a)]
+  await waitUntil(() => durable.longPolls === 2, 'A\'s two long-polls')
+  const tooMany = await fetch(`${url}/api/streams/events?offset=${tail}&live=long-poll`, { headers: a })
+  t.equal(tooMany.status, 429)
+  t.equal(tooMany.headers.get('retry-after'), String(Math.ceil(app.config.SSE_RETRY_MS / 1000)))
+  t.equal(tooMany.headers.get('cache-control'), 'no-store')
+  t.same(await tooMany.json(), { error: { code: 'too_many_requests', message: 'this caller already holds 2 long-polls on this instance (its share, STREAMS_MAX_LONG_POLLS_PER_CALLER): end one, or retry shortly' } })
+
+  // B, meanwhile: a stream and a long-poll, as if A were not there.
+  const streamOfB = await openStream(url, '/api/events/stream', b)
+  t.teardown(streamOfB.close)
+  await streamOfB.waitFor((stream) => stream.frames.length > 0)
+  t.same(streamOfB.frames[0], { retry, comments: [] }, 'B\'s stream: open')
+  holdLongPoll(t, url, tail, b)
+  await waitUntil(() => durable.longPolls === 3, 'B\'s long-poll')
+
+  const metrics = (await app.inject('/metrics')).body
+  t.equal(refusals(metrics, 'stream', 'caller'), 2, 'refusals counted by kind and reason')
+  t.equal(refusals(metrics, 'long_poll', 'caller'), 1)
+  t.equal(refusals(metrics, 'stream', 'instance'), 0)
+  t.equal(refusals(metrics, 'long_poll', 'instance'), 0)
+
+  // A hangs up a stream and a long-poll: their slots are A's again.
+  heldByA[0]!.close()
+  pollsOfA[0]!.leave()
+  await waitUntil(() => streams.size === 2 && durable.longPolls === 2, 'the slots given back')
+  const again = await openStream(url, '/api/events/stream', a)
+  heldByA.push(again)
+  await again.waitFor((stream) => stream.frames.length > 0)
+  t.same(again.frames[0], { retry, comments: [] }, 'a stream, not a refusal')
+  holdLongPoll(t, url, tail, a)
+  await waitUntil(() => durable.longPolls === 3, 'and a long-poll')
+})
+
+t.test('X-Forwarded-For from a proxy not trusted names no one: the connection\'s peer is the caller; an instance full is a 503', async (t) => {
+  const { app, url } = await serve(t, { SSE_MAX_STREAMS_PER_CALLER: 1, STREAMS_MAX_LONG_POLLS: 1, STREAMS_LONG_POLL_MS: 60_000 })
+  const first = await openStream(url, '/api/events/stream', { 'x-forwarded-for': '203.0.113.1' })
+  t.teardown(first.close)
+  await waitUntil(() => app.events.streams.size === 1, 'the first stream')
+  const spoofed = await openStream(url, '/api/events/stream', { 'x-forwarded-for': '203.0.113.2' })
+  await spoofed.ended
+  t.same(spoofed.frames[0]?.comments, [tooManyStreams(1)], 'another address claimed: the same caller')
+
+  const tail = (await fetch(`${url}/api/streams/events?offset=now`)).headers.get('stream-next-offset')!
+  holdLongPoll(t, url, tail)
+  await waitUntil(() => app.events.durable.longPolls === 1, 'the one long-poll')
+  const full = await fetch(`${url}/api/streams/events?offset=${tail}&live=long-poll`)
+  t.equal(full.status, 503, 'the instance at STREAMS_MAX_LONG_POLLS: another instance may have room')
+  t.ok(Number(full.headers.get('retry-after')) >= 1)
+  t.same(await full.json(), { error: { code: 'unavailable', message: 'this instance already serves 1 long-polls, retry shortly or on another instance' } })
+  t.equal(refusals((await app.inject('/metrics')).body, 'long_poll', 'instance'), 1)
+})
+
+t.test('with authentication on, the caller is the principal: a stream token counts as whoever asked for it', async (t) => {
+  const tokens = { alice: 'alice-token-for-the-limits-test', bob: 'bob-token-for-the-limits-test' }
+  const { app, url } = await serve(t, { API_TOKENS: `alice:${tokens.alice},bob:${tokens.bob}`, SSE_MAX_STREAMS_PER_CALLER: 1, STREAMS_MAX_LONG_POLLS_PER_CALLER: 1, STREAMS_LONG_POLL_MS: 60_000 })
+  const bearer = (name: keyof typeof tokens) => ({ authorization: `Bearer ${tokens[name]}` })
+  const streamToken = async (name: keyof typeof tokens) => ((await (await fetch(`${url}/api/stream-token`, { headers: bearer(name) })).json()) as { token: string }).token
+  const [aliceStreamToken, bobStreamToken] = [await streamToken('alice'), await streamToken('bob')]
+
+  const alice = await openStream(url, '/api/events/stream', bearer('alice'))
+  t.teardown(alice.close)
+  await waitUntil(() => app.events.streams.size === 1, 'Alice\'s stream')
+  const refused = await openStream(url, `/api/events/stream?stream_token=${aliceStreamToken}`)
+  await refused.ended
+  t.same(refused.frames[0]?.comments, [tooManyStreams(1)], 'Alice\'s stream token: Alice\'s share')
+  const bob = await openStream(url, `/api/events/stream?stream_token=${bobStreamToken}`)
+  t.teardown(bob.close)
+  await waitUntil(() => app.events.streams.size === 2, 'Bob\'s stream, from the same address')
+
+  const tail = (await fetch(`${url}/api/streams/events?offset=now`, { headers: bearer('alice') })).headers.get('stream-next-offset')!
+  holdLongPoll(t, url, `${tail}&stream_token=${aliceStreamToken}`)
+  await waitUntil(() => app.events.durable.longPolls === 1, 'Alice\'s long-poll')
+  t.equal((await fetch(`${url}/api/streams/events?offset=${tail}&live=long-poll`, { headers: bearer('alice') })).status, 429, 'Alice\'s own token: her share')
+  holdLongPoll(t, url, tail, bearer('bob'))
+  await waitUntil(() => app.events.durable.longPolls === 2, 'Bob\'s long-poll')
 })
 
 t.test('hundreds of non-reading clients and connect/drop churn: bounded, no leaks, others unaffected', async (t) => {
@@ -145,6 +260,7 @@ t.test('a client gone while its token is checked leaves nothing behind: no strea
     await waitUntil(() => settled === 1, `${name}'s handling to end (not at STREAMS_LONG_POLL_MS)`, 10_000)
     t.equal(streams.size, 0, `${name}: no stream left open`)
     t.equal(durable.waiting, 0, `${name}: no long-poll left waiting`)
+    t.equal(durable.longPolls, 0, `${name}: no long-poll's slot left held`)
     t.equal(metricValue((await app.inject({ url: '/metrics', headers: { authorization: `Bearer ${token}` } })).body, 'event_streams_open'), 0, `${name}: none counted`)
   }
 })

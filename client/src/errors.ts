@@ -3,7 +3,7 @@ export class ApiError extends Error {
   override name = 'ApiError'
   /** The HTTP status; 0 when no answer came (the service unreachable). */
   readonly status: number
-  /** The envelope's `code` (`not_found`, `bad_request`, `unauthorized`, `unavailable`, `cursor_expired`, `internal`); `network` when no answer came, `http_error` when the answer was not the envelope (a proxy's page). */
+  /** The envelope's `code` (`not_found`, `bad_request`, `unauthorized`, `unavailable`, `cursor_expired`, `too_many_requests`, `internal`); `network` when no answer came, `http_error` when the answer was not the envelope (a proxy's page). */
   readonly code: string
   readonly url: string
   /** The envelope's message, or what went wrong. */

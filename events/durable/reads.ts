@@ -1,5 +1,6 @@
 import type { Db } from '../../db/schema.js'
 import type { EventHub } from '../hub.js'
+import { CallerSlots, type Limit } from '../limits.js'
 import { freshEventsAfterKept, settledNow, type EventFilter, type LogState, type StoredEvent } from '../log.js'
 import { assertEventCursorKept, CATCH_UP_PAGE_SIZE, reportable, type EventReader } from '../reader.js'
 import type { StreamOffset } from './offsets.js'
@@ -26,12 +27,26 @@ export const PENDING_WAIT_MS = 1000
  */
 export class DurableReads {
   readonly #waiters = new Set<Waiter>()
+  readonly #slots: CallerSlots
 
-  constructor (private readonly db: Db, private readonly hub: EventHub, private readonly reader: EventReader) {}
+  /** `longPolls`: the most long-polls at once (STREAMS_MAX_LONG_POLLS), and held by one caller (STREAMS_MAX_LONG_POLLS_PER_CALLER). */
+  constructor (private readonly db: Db, private readonly hub: EventHub, private readonly reader: EventReader, longPolls: Limit) {
+    this.#slots = new CallerSlots('long-poll', longPolls)
+  }
 
   /** Long-polls waiting for events. */
   get waiting (): number {
     return this.#waiters.size
+  }
+
+  /** Long-polls being answered, from their arrival to their answer (or their client's leaving). */
+  get longPolls (): number {
+    return this.#slots.total
+  }
+
+  /** Long-polls refused at STREAMS_MAX_LONG_POLLS (`instance`) and at STREAMS_MAX_LONG_POLLS_PER_CALLER (`caller`). */
+  get refused (): Readonly<CallerSlots['refused']> {
+    return this.#slots.refused
   }
 
   /**
@@ -85,9 +100,20 @@ export class DurableReads {
    * that the hub's next polls hand out, from memory, as soon as a poll ends
    * with one (no query per waiter), else, after `timeoutMs` or when the
    * client goes away (`whenGone` calls the function it is handed), none and
-   * the head.
+   * the head. It holds one of `caller`'s slots (see CallerSlots) until it
+   * answers; refused (a LimitRefusal) when none is left.
    */
-  longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
+  longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void, caller: string): Promise<StreamPage> {
+    try {
+      this.#slots.take(caller)
+    } catch (err) {
+      return Promise.reject(err)
+    }
+    const release = () => { this.#slots.release(caller) }
+    return this.#longPoll(offset, filter, name, timeoutMs, whenGone).then((page) => { release(); return page }, (err: unknown) => { release(); throw err })
+  }
+
+  #longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
     if (typeof offset !== 'number' || this.hub.head === undefined) return this.#longPollFrom(offset, filter, name, timeoutMs, whenGone)
     // A re-poll from a recent offset (a crowd's every poll) is read from the
     // window at once, and waits with no await before it: an async frame kept

@@ -2,6 +2,7 @@ import type { FastifyBaseLogger, FastifyReply } from 'fastify'
 import type { Db } from '../../db/schema.js'
 import { ApiError, shuttingDown } from '../../errors.js'
 import type { EventHub } from '../hub.js'
+import { CallerSlots } from '../limits.js'
 import { settledNow, type EventFilter, type StoredEvent } from '../log.js'
 import { countSent } from '../sent.js'
 import { CATCH_UP_PAGE_SIZE, type EventReader } from '../reader.js'
@@ -9,8 +10,9 @@ import { Subscriber, type StreamFormat, type SubscriberOptions } from './subscri
 
 export interface StreamsOptions {
   keepAliveMs: number
-  /** The most streams open at once (SSE_MAX_STREAMS): past it, a new one is refused as a retry. */
+  /** The most streams open at once (SSE_MAX_STREAMS), and held by one caller (SSE_MAX_STREAMS_PER_CALLER): past either, a new one is refused as a retry. */
   maxStreams: number
+  maxStreamsPerCaller: number
   /** The `retry:` sent at connect (SSE_RETRY_MS). */
   retryMs: number
   /** SSE_MAX_BUFFERED_BYTES and SSE_SLOW_CLIENT_TIMEOUT_MS: see Subscriber. */
@@ -47,12 +49,15 @@ export const SWEEP_MAX_INTERVAL_MS = 1000
  * the end. Routes parse and validate, then hand it the reply.
  */
 export class EventStreams {
-  readonly #subscribers = new Set<Subscriber>()
+  /** Every open stream, with the caller whose slot it holds. */
+  readonly #subscribers = new Map<Subscriber, string>()
+  readonly #slots: CallerSlots
   /** When the streams were last looked at for keep-alives (sweep). */
   #sweptAt = 0
   readonly #subscriberOptions: SubscriberOptions
 
   constructor (private readonly db: Db, private readonly hub: EventHub, private readonly reader: EventReader, readonly options: StreamsOptions) {
+    this.#slots = new CallerSlots('stream', { max: options.maxStreams, maxPerCaller: options.maxStreamsPerCaller })
     this.#subscriberOptions = {
       // A stream still catching up when the history's floor passes it ends: its client's reconnect gets the 410.
       readAfter: (afterId, filter) => reader.readAfter(afterId, filter, 'the stream\'s position'),
@@ -74,10 +79,15 @@ export class EventStreams {
     return this.#subscribers.size
   }
 
+  /** Streams refused at SSE_MAX_STREAMS (`instance`) and at SSE_MAX_STREAMS_PER_CALLER (`caller`). */
+  get refused (): Readonly<CallerSlots['refused']> {
+    return this.#slots.refused
+  }
+
   /** Bytes written to streams and not yet taken by their clients, over all streams. */
   get bufferedBytes (): number {
     let total = 0
-    for (const subscriber of this.#subscribers) total += subscriber.response.writableLength
+    for (const subscriber of this.#subscribers.keys()) total += subscriber.response.writableLength
     return total
   }
 
@@ -85,14 +95,13 @@ export class EventStreams {
    * Opens a stream on `reply` (an @fastify/sse reply): every committed
    * event matching `filter` after `start`, exactly once, ascending, then
    * live; in the Durable Streams SSE format, and ended after a while, when
-   * `durable` says so. Throws before any byte is sent (410, or a transient
-   * refusal the error handler answers as a retry); after that, failures end
-   * the stream and its client resumes from its last position.
+   * `durable` says so. The stream holds one of `caller`'s slots (see
+   * CallerSlots) until it ends. Throws before any byte is sent (410, or a
+   * transient refusal, a limit's included, that the error handler answers
+   * as a retry); after that, failures end the stream and its client
+   * resumes from its last position.
    */
-  async open (reply: FastifyReply, filter: EventFilter, start: StreamStart, durable?: DurableStreamOptions): Promise<void> {
-    if (this.size >= this.options.maxStreams) {
-      throw new ApiError('unavailable', `this instance already serves ${this.options.maxStreams} event streams, retry shortly or on another instance`)
-    }
+  async open (reply: FastifyReply, filter: EventFilter, start: StreamStart, caller: string, durable?: DurableStreamOptions): Promise<void> {
     const { hub, reader } = this
     const known = await hub.ready()
     // Node tells a response's 'close' once, to the listeners it has then: a
@@ -108,10 +117,12 @@ export class EventStreams {
       ? this.#subscriberOptions
       : { ...this.#subscriberOptions, readAfter: (afterId: number, filter: EventFilter) => reader.readAfter(afterId, filter, 'the stream\'s position', head()) }
     const subscriber = new Subscriber(reply.raw, filter, typeof start === 'object' ? start.afterId : 0, options, durable?.format(head))
+    // The caller's slot (or the refusal), with no await before the close that gives it back is registered.
+    this.#slots.take(caller)
     // Subscribed before reading the table: whatever the hub polls from now
     // on reaches this subscriber, and whatever it polled before, the reads
     // below see (see docs/stream.md, "How it works", for the argument).
-    this.#subscribe(subscriber)
+    this.#subscribe(subscriber, caller)
     countSent(reply.raw, subscriber)
     reply.sse.onClose(() => this.#unsubscribe(subscriber))
 
@@ -164,7 +175,7 @@ export class EventStreams {
     const { keepAliveMs } = this.options
     if (now - this.#sweptAt < Math.min(SWEEP_MAX_INTERVAL_MS, keepAliveMs / 10)) return
     this.#sweptAt = now
-    for (const subscriber of this.#subscribers) subscriber.heartbeat(now, head, keepAliveMs)
+    for (const subscriber of this.#subscribers.keys()) subscriber.heartbeat(now, head, keepAliveMs)
   }
 
   /**
@@ -173,7 +184,7 @@ export class EventStreams {
    * takes no bytes).
    */
   flushed (maxMs: number): Promise<void> {
-    const pending = [...this.#subscribers].map((subscriber) => subscriber.response).filter((response) => response.writableEnded && !response.writableFinished && !response.destroyed)
+    const pending = [...this.#subscribers.keys()].map((subscriber) => subscriber.response).filter((response) => response.writableEnded && !response.writableFinished && !response.destroyed)
     if (pending.length === 0) return Promise.resolve()
     return new Promise((resolve) => {
       let left = pending.length
@@ -185,16 +196,20 @@ export class EventStreams {
 
   /** Ends every open stream cleanly; their clients reconnect and resume from their last id. */
   endAll (): void {
-    for (const subscriber of this.#subscribers) subscriber.end()
+    for (const subscriber of this.#subscribers.keys()) subscriber.end()
   }
 
-  #subscribe (subscriber: Subscriber): void {
-    this.#subscribers.add(subscriber)
+  #subscribe (subscriber: Subscriber, caller: string): void {
+    this.#subscribers.set(subscriber, caller)
     this.hub.listen(subscriber)
   }
 
-  /** Idempotent: a stream may be released by its close and by a failed start alike. */
+  /** Idempotent: a stream may be released by its close and by a failed start alike; its caller's slot goes back once. */
   #unsubscribe (subscriber: Subscriber): void {
-    if (this.#subscribers.delete(subscriber)) this.hub.unlisten(subscriber)
+    const caller = this.#subscribers.get(subscriber)
+    if (caller === undefined) return
+    this.#subscribers.delete(subscriber)
+    this.hub.unlisten(subscriber)
+    this.#slots.release(caller)
   }
 }

@@ -1,6 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
-import { notFound, toApiError, type ApiError, type RequestSchemas } from '../../errors.js'
+import { LimitRefusal, notFound, toApiError, type ApiError, type RequestSchemas } from '../../errors.js'
 import { NO_STORE } from './http-cache.js'
 
 declare module 'fastify' {
@@ -14,8 +14,11 @@ declare module 'fastify' {
   }
 }
 
+/** What a stream's refusal may be answered with a retry for: a transient one, or a limit per caller (its own streams may end). */
+const RETRIED_ON_STREAMS = new Set(['unavailable', 'too_many_requests'])
+
 /**
- * A stream refused for a transient reason (database unavailable, the stream
+ * A stream refused for a transient reason (database unavailable, a stream
  * limit, shutting down, load shedding): a browser EventSource gives up for
  * good on any non-200, so it gets a 200 event stream with a `retry:`
  * (SSE_RETRY_MS) and a comment saying why, then the end. The client
@@ -36,15 +39,24 @@ function answerAsStreamRetry (reply: FastifyReply, apiError: ApiError, retryMs: 
  */
 export default fp(async function errorsPlugin (app) {
   const { SSE_RETRY_MS } = app.config
+  // A long-poll refused at a limit waits as long as a refused stream's retry: says, in whole seconds.
+  const limitRetryAfterS = Math.max(1, Math.ceil(SSE_RETRY_MS / 1000))
   app.setErrorHandler(async (err, request, reply) => {
     const apiError = toApiError(err, request.routeOptions.schema as RequestSchemas | undefined)
     // The request's own log line (request-log.ts) has its status; this adds the cause.
-    if (apiError.code === 'internal') request.log.error({ err }, 'request failed')
+    // A stream's refusal is a 200 there: which limit refused it is said here.
+    if (apiError instanceof LimitRefusal) {
+      const details = { limit: apiError.kind, reason: apiError.reason }
+      // The instance full is the operator's to see; a caller at its share, the caller's.
+      if (apiError.reason === 'instance') request.log.warn(details, `${apiError.kind} refused: this instance is at its limit`)
+      else request.log.info(details, `${apiError.kind} refused: the caller is at its share`)
+    } else if (apiError.code === 'internal') request.log.error({ err }, 'request failed')
     else if (apiError.code === 'unavailable') request.log.warn({ err }, 'request failed: unavailable')
     else request.log.debug({ error: apiError.toBody().error }, 'request rejected')
-    if (apiError.code === 'unavailable' && request.routeOptions.config.eventStream?.(request) === true) {
+    if (RETRIED_ON_STREAMS.has(apiError.code) && request.routeOptions.config.eventStream?.(request) === true) {
       return answerAsStreamRetry(reply, apiError, SSE_RETRY_MS)
     }
+    if (apiError instanceof LimitRefusal) reply.header('retry-after', limitRetryAfterS)
     return reply.code(apiError.statusCode).header('cache-control', NO_STORE).send(apiError.toBody())
   })
 

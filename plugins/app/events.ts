@@ -33,6 +33,8 @@ export default fp(async function eventsPlugin (app) {
     windowBytes: config.EVENTS_WINDOW_BYTES,
     keepAliveMs: config.SSE_KEEPALIVE_MS,
     maxStreams: config.SSE_MAX_STREAMS,
+    maxStreamsPerCaller: config.SSE_MAX_STREAMS_PER_CALLER,
+    longPolls: { max: config.STREAMS_MAX_LONG_POLLS, maxPerCaller: config.STREAMS_MAX_LONG_POLLS_PER_CALLER },
     retryMs: config.SSE_RETRY_MS,
     maxBufferedBytes: config.SSE_MAX_BUFFERED_BYTES,
     slowClientMs: config.SSE_SLOW_CLIENT_TIMEOUT_MS,

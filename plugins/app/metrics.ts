@@ -68,6 +68,19 @@ export default fp(async function metricsPlugin (app) {
     registers,
     collect () { this.set(durable.waiting) }
   })
+  new Counter({ // eslint-disable-line no-new
+    name: 'event_limit_refusals_total',
+    help: 'Event streams (SSE, either route) and Durable Streams long-polls refused at a limit, by kind (stream, long_poll) and reason: instance (SSE_MAX_STREAMS, STREAMS_MAX_LONG_POLLS) or caller (its share: SSE_MAX_STREAMS_PER_CALLER, STREAMS_MAX_LONG_POLLS_PER_CALLER)',
+    labelNames: ['kind', 'reason'] as const,
+    registers,
+    collect () {
+      this.reset()
+      for (const [kind, refused] of [['stream', streams.refused], ['long_poll', durable.refused]] as const) {
+        this.inc({ kind, reason: 'instance' }, refused.instance)
+        this.inc({ kind, reason: 'caller' }, refused.caller)
+      }
+    }
+  })
   new Gauge({ // eslint-disable-line no-new
     name: 'event_streams_buffered_bytes',
     help: 'Bytes written to event streams and not yet taken by their clients',

@@ -1,6 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
 import { assertEventCursorKept, listEvents, type EventFilter } from '../../events/index.js'
+import { requestCaller } from '../../plugins/app/auth/index.js'
 import { queryScope } from '../../plugins/app/auth/stream-tokens.js'
 import { AfterEventId, CACHE_CONTROL_DOCS, ConditionalHeaders, DEFAULT_EVENTS_LIMIT, eventCursorErrors, EventsQuery, notModified, parseEventCursor, parseLimit, readResponse, StreamHeaders, StreamQuery } from '../../schemas/api.js'
 
@@ -25,7 +26,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
       operationId: 'streamEvents',
       tags: ['events'],
       summary: 'The live event stream (Server-Sent Events)',
-      description: 'Each event is `id: <event_id>` and `data: <Event as one line of JSON>`. Resumes after the Last-Event-ID header if sent, else after `after_event_id`, else from the current end. Sends `retry:` once, `: keep-alive` comments when quiet, and id-only blocks that move a filtered client\'s cursor. Every committed event matching the filters is delivered exactly once, in ascending event_id. A cursor older than the history kept (EVENTS_RETENTION) answers 410 `cursor_expired` before the stream starts: refetch what you show, then subscribe from the X-Event-Cursor of that read. Never a 503: a stream refused for a transient reason (the database unavailable, this instance at SSE_MAX_STREAMS, shutting down, overloaded) is a 200 with `retry:` and a comment saying why, then the end, so that an EventSource retries by itself.',
+      description: 'Each event is `id: <event_id>` and `data: <Event as one line of JSON>`. Resumes after the Last-Event-ID header if sent, else after `after_event_id`, else from the current end. Sends `retry:` once, `: keep-alive` comments when quiet, and id-only blocks that move a filtered client\'s cursor. Every committed event matching the filters is delivered exactly once, in ascending event_id. A cursor older than the history kept (EVENTS_RETENTION) answers 410 `cursor_expired` before the stream starts: refetch what you show, then subscribe from the X-Event-Cursor of that read. Never a 503 or a 429: a stream refused for a transient reason (the database unavailable, this instance at SSE_MAX_STREAMS, shutting down, overloaded) or its caller at SSE_MAX_STREAMS_PER_CALLER (`too_many_requests`) is a 200 with `retry:` and a comment saying why, then the end, so that an EventSource retries by itself.',
       querystring: StreamQuery,
       headers: StreamHeaders,
       response: {
@@ -44,7 +45,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const resumeAfter = header
       ? parseEventCursor(header, StreamHeaders.properties['last-event-id'])
       : request.query.after_event_id === undefined ? undefined : parseEventCursor(request.query.after_event_id, AfterEventId)
-    await events.streams.open(reply, toFilter(request.query), resumeAfter === undefined ? 'tail' : { afterId: resumeAfter, name: cursorName })
+    await events.streams.open(reply, toFilter(request.query), resumeAfter === undefined ? 'tail' : { afterId: resumeAfter, name: cursorName }, requestCaller(request))
   })
 
   app.get('/events', {

@@ -3,6 +3,7 @@ import type { FastifyReply, FastifyRequest, RouteHandlerMethod } from 'fastify'
 import { Type, type Static } from 'typebox'
 import { ApiError, CursorBeyondError, CursorLostError, invalidParameter, notFound, offsetBeyond } from '../../errors.js'
 import { countSent, durableSseFormat, encodeOffset, nextStreamCursor, parseOffset, parseStreamCursor, streamSubjectExists, type EventFilter, type StoredEvent, type StreamOffset, type StreamPage } from '../../events/index.js'
+import { requestCaller } from '../../plugins/app/auth/index.js'
 import type { StreamScope } from '../../plugins/app/auth/stream-tokens.js'
 import { NO_STORE } from '../../plugins/app/http-cache.js'
 import { commonErrors, ConditionalHeaders, DurableStreamQuery, errorResponse, RunParams, StreamOffsetParam, ThreadParams } from '../../schemas/api.js'
@@ -60,7 +61,9 @@ const readResponses = {
   },
   204: Type.Null({ description: 'Long-poll: no event arrived in time; Stream-Next-Offset, Stream-Up-To-Date and Stream-Cursor say where to poll next. Never cached', headers: streamHeaders }),
   304: Type.Null({ description: 'Not Modified: the page would be the one If-None-Match names' }),
-  ...streamErrors
+  ...streamErrors,
+  429: errorResponse('`too_many_requests`: a long-poll from a caller already holding its share of this instance\'s long-polls (STREAMS_MAX_LONG_POLLS_PER_CALLER), with Retry-After; an SSE read past its share is a `retry:` instead'),
+  503: errorResponse('`unavailable`: the database is unreachable or too slow, the service is overloaded or shutting down, or a long-poll finds this instance at STREAMS_MAX_LONG_POLLS (Retry-After); an SSE read is a `retry:` instead')
 }
 
 const STREAMS = [
@@ -146,7 +149,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
    * kept for each waiting request is what a crowd's scavenges copy; every
    * other read goes on in readChecked.
    */
-  function read (query: Static<typeof DurableStreamQuery>, reply: FastifyReply, filter: EventFilter): Promise<unknown> {
+  function read (query: Static<typeof DurableStreamQuery>, reply: FastifyReply, filter: EventFilter, caller: string): Promise<unknown> {
     let offset: StreamOffset
     let cursor: number | undefined
     let checked: Promise<void> | undefined
@@ -160,18 +163,18 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
     } catch (err) {
       return Promise.reject(err)
     }
-    if (checked === undefined && query.live === 'long-poll') return longPoll(offset, cursor, reply, filter)
-    return readChecked(checked, query.live, offset, cursor, reply, filter)
+    if (checked === undefined && query.live === 'long-poll') return longPoll(offset, cursor, reply, filter, caller)
+    return readChecked(checked, query.live, offset, cursor, reply, filter, caller)
   }
 
-  async function readChecked (checked: Promise<void> | undefined, live: Static<typeof DurableStreamQuery>['live'], offset: StreamOffset, cursor: number | undefined, reply: FastifyReply, filter: EventFilter) {
+  async function readChecked (checked: Promise<void> | undefined, live: Static<typeof DurableStreamQuery>['live'], offset: StreamOffset, cursor: number | undefined, reply: FastifyReply, filter: EventFilter, caller: string) {
     if (checked !== undefined) await checked
     if (live === 'sse') {
       const start = offset === 'now' ? 'tail' : offset === 'oldest' ? 'oldest' : { afterId: offset, name: 'offset' }
       const format = (head: () => number) => durableSseFormat(head, () => nextStreamCursor(Date.now(), cursor))
-      return events.streams.open(reply, filter, start, { format, maxMs: STREAMS_SSE_MAX_MS }).catch(renameCursorErrors)
+      return events.streams.open(reply, filter, start, caller, { format, maxMs: STREAMS_SSE_MAX_MS }).catch(renameCursorErrors)
     }
-    if (live === 'long-poll') return longPoll(offset, cursor, reply, filter)
+    if (live === 'long-poll') return longPoll(offset, cursor, reply, filter, caller)
     const page = await events.durable.page(offset, filter, 'offset', true).catch(renameCursorErrors)
     if (offset !== 'now') return sendPage(reply, page)
     // The tail moves: never cached, no ETag (the protocol's rule for offset=now).
@@ -179,8 +182,8 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
       .header('cache-control', NO_STORE).type(DURABLE_JSON).send(EMPTY_ARRAY)
   }
 
-  /** A long-poll: the events that came, or 204 when none did in time. */
-  function longPoll (offset: StreamOffset, cursor: number | undefined, reply: FastifyReply, filter: EventFilter) {
+  /** A long-poll: the events that came, or 204 when none did in time; it holds one of `caller`'s slots meanwhile. */
+  function longPoll (offset: StreamOffset, cursor: number | undefined, reply: FastifyReply, filter: EventFilter, caller: string) {
     // Stopped only when the client leaves before its answer (a 'close' after
     // the answer is every request's); one gone already (its 'close' told
     // before this listener) stops at once rather than at the timeout.
@@ -188,7 +191,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (reply.raw.destroyed) stop()
       else reply.raw.on('close', () => { if (!reply.raw.writableEnded) stop() })
     }
-    return events.durable.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone).then((page) => {
+    return events.durable.longPoll(offset, filter, 'offset', STREAMS_LONG_POLL_MS, whenGone, caller).then((page) => {
       countSent(reply.raw, { sent: page.events.length })
       reply.header('stream-cursor', nextStreamCursor(Date.now(), cursor))
       if (page.events.length > 0) return sendPage(reply, page)
@@ -213,7 +216,7 @@ const durableStreamRoutes: FastifyPluginAsyncTypebox = async (app) => {
   for (const stream of STREAMS) {
     const params = stream.params === undefined ? {} : { params: stream.params }
     // Not async itself: read's own promise is the answer (one async frame less for each request of a crowd).
-    const handler = (request: FastifyRequest, reply: FastifyReply) => read(request.query as Static<typeof DurableStreamQuery>, reply, stream.filter(request.params as Record<string, string>))
+    const handler = (request: FastifyRequest, reply: FastifyReply) => read(request.query as Static<typeof DurableStreamQuery>, reply, stream.filter(request.params as Record<string, string>), requestCaller(request))
     app.get(stream.url, {
       exposeHeadRoute: false,
       sse: { kind: 'manual' },

@@ -26,6 +26,14 @@ export function callerOf (principal: Principal): string {
   return principal.caller ?? 'stream token'
 }
 
+/**
+ * Who a request is as the limits per caller count it (docs/operating.md,
+ * "Limits per caller"): its principal (callerOf), or, with authentication
+ * off, its client's address (X-Forwarded-For believed only from
+ * TRUSTED_PROXIES).
+ */
+export const requestCaller = (request: FastifyRequest): string => request.principal === undefined ? request.ip : callerOf(request.principal)
+
 declare module 'fastify' {
   interface FastifyInstance {
     /** Signs the stream tokens of GET /api/stream-token. */
