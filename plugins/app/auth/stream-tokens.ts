@@ -56,7 +56,9 @@ export class StreamTokens {
         issuer: STREAM_TOKEN_ISSUER,
         audience: STREAM_TOKEN_AUDIENCE,
         algorithms: ['HS256'],
-        requiredClaims: ['exp'],
+        requiredClaims: ['exp', 'iat'],
+        // Whatever its exp says (a token forged with the key, or signed by a replica with a longer TTL): never older than the TTL.
+        maxTokenAge: this.ttlSeconds,
         clockTolerance: this.clockToleranceSeconds
       })
       const scope = payload.stream
