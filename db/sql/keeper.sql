@@ -92,10 +92,10 @@
 -- keeper's functions, events_timeline() among them, are not executable by
 -- public: only their owner (the role that migrates, the one DATABASE_URL
 -- names) keeps the log, and a login that can read nothing can neither take
--- the lease nor hold the row (which only the owner may lock). The keeper's
--- connection waits on no lock for long (lock_timeout, events/upkeep/), so
--- a session of the owner's left idle with the row locked costs a warning,
--- not a silent stall.
+-- the lease nor hold the row (which only the owner may lock). A tick runs
+-- under a statement timeout of the keeper's lease (events/upkeep/), so a
+-- session of the owner's left idle with the row locked fails the tick
+-- rather than holding it for ever.
 --
 -- Not a migration: a change is made by a new migration, then copied here
 -- (test/sql-definitions.test.ts fails while the two differ).

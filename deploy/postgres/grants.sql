@@ -1,8 +1,8 @@
 -- What the reader and the writer roles may do, granted by the owner (the
--- role that migrates) once the migrations have run; safe to run again.
--- docker-compose.yml runs it after every start (service db-grants); outside
--- compose: psql "$DATABASE_URL" -f deploy/postgres/grants.sql, after
--- renaming the roles to yours. docs/database.md, "Roles and privileges",
+-- role that migrates) once the migrations have run, and again after a
+-- migration that adds a table; safe to run again:
+-- psql "$DATABASE_URL" -f deploy/postgres/grants.sql, after renaming the
+-- roles to yours. docs/database.md, "Roles and privileges",
 -- says why each grant is there; test/privileges.test.ts fails on any other.
 
 -- ocp_reader: the service's reads (DATABASE_READ_URL), on the primary or a
