@@ -92,10 +92,11 @@
 -- keeper's functions, events_timeline() among them, are not executable by
 -- public: only their owner (the role that migrates, the one DATABASE_URL
 -- names) keeps the log, and a login that can read nothing can neither take
--- the lease nor hold the row (which only the owner may lock). A tick runs
--- under a statement timeout of the keeper's lease (events/upkeep/), so a
--- session of the owner's left idle with the row locked fails the tick
--- rather than holding it for ever.
+-- the lease nor hold the row (which only the owner may lock). The keeper's
+-- connection waits on a lock a quarter of its lease at most (lock_timeout,
+-- events/upkeep/keeper.ts), so a session of the owner's left idle with the
+-- row locked fails the tick, with a warning naming it and a metric, rather
+-- than holding it for ever.
 --
 -- Not a migration: a change is made by a new migration, then copied here
 -- (test/sql-definitions.test.ts fails while the two differ).
