@@ -1,5 +1,5 @@
 import { envSchema } from 'env-schema'
-import { createServer, isIP } from 'node:net'
+import { BlockList, createServer, isIP } from 'node:net'
 import { Type, type Static, type TObject } from 'typebox'
 import { Value } from 'typebox/value'
 import { MAX_PAGE_LIMIT } from './schemas/api.js'
@@ -19,7 +19,7 @@ export const ConfigSchema = Type.Object({
   })),
   PGLITE_DATA_DIR: Type.String({ default: 'data/pglite', minLength: 1 }),
   PGLITE_PORT: Type.Integer({ default: 0, minimum: 0, maximum: 65535 }),
-  HOST: Type.String({ default: '0.0.0.0', minLength: 1 }),
+  HOST: Type.String({ default: '127.0.0.1', minLength: 1, description: 'Interface to listen on; one other than loopback serves the network, which needs authentication on or AUTH_MODE=none' }),
   PORT: Type.Integer({ default: 8080, minimum: 0, maximum: 65535 }),
   LOG_LEVEL: Type.Enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], { default: 'info' }),
   DB_POOL_MAX: Type.Integer({ default: 10, minimum: 1, maximum: 1000 }),
@@ -56,6 +56,8 @@ export const ConfigSchema = Type.Object({
   AUTH_ALLOW_TOKEN_IN_URL: Type.Boolean({ default: false, description: 'Also accept a long-lived token as ?access_token= on the stream routes. Unsafe: URLs land in browser history, proxy logs and Referer headers; use stream tokens instead' }),
   STREAM_TOKEN_TTL_S: Type.Integer({ default: 300, minimum: 10, maximum: 86_400, description: 'How long a stream token (GET /api/stream-token) opens streams' }),
   STREAM_TOKEN_SECRET: Type.Optional(Type.String({ minLength: 32, description: 'The key that signs stream tokens, the same on every replica; absent: a random key the first migration stored in the database' })),
+  AUTH_MODE: Type.Optional(Type.Literal('none', { description: 'none: serve without authentication on an address other than loopback, to anyone who reaches the port (said at start); absent: refuse to start that way' })),
+  ALLOWED_HOSTS: Type.String({ default: '', description: 'With authentication off, the Host names requests may carry besides localhost, 127.0.0.1, [::1] and HOST (any port), comma-separated; *: any (no defence against DNS rebinding)' }),
   CORS_ORIGINS: Type.String({ default: '' }),
   COMPRESS_MIN_BYTES: Type.Integer({ default: 1024, minimum: 0 }),
   MAX_EVENT_LOOP_DELAY_MS: Type.Integer({ default: 1000, minimum: 0 }),
@@ -111,6 +113,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
     throw new ConfigError('invalid configuration: CONNECTION_TIMEOUT_MS must be greater than SSE_KEEPALIVE_MS, or idle event streams would be cut')
   }
   issuersOf(config)
+  checkExposure(config)
   return config
 }
 
@@ -187,6 +190,49 @@ function secureUrl (text: string): boolean {
 /** Whether requests to /api and /metrics need a token. */
 export function authenticationOn (config: Pick<Config, 'API_TOKENS' | 'AUTH_ISSUERS'>): boolean {
   return listOf(config.API_TOKENS).length > 0 || config.AUTH_ISSUERS.trim() !== ''
+}
+
+/** Loopback addresses: what only this machine reaches. */
+const LOOPBACK = new BlockList()
+LOOPBACK.addSubnet('127.0.0.0', 8, 'ipv4')
+LOOPBACK.addAddress('::1', 'ipv6')
+
+/** Whether `host` (a name or an address, an IPv6 one bracketed or not) is loopback: localhost, 127.0.0.0/8 or ::1. */
+export function isLoopback (host: string): boolean {
+  const name = host.toLowerCase().replace(/^\[(.*)\]$/, '$1')
+  const family = isIP(name)
+  return name === 'localhost' || (family !== 0 && LOOPBACK.check(name, family === 4 ? 'ipv4' : 'ipv6'))
+}
+
+/**
+ * Secure by default: authentication off is a choice made explicitly
+ * (AUTH_MODE=none) before anything other than this machine may connect,
+ * and AUTH_MODE=none beside credentials is a contradiction, refused rather
+ * than guessed at. A ConfigError names the settings.
+ */
+function checkExposure (config: Config): void {
+  if (config.AUTH_MODE === 'none' && authenticationOn(config)) {
+    throw new ConfigError('invalid configuration: AUTH_MODE=none turns authentication off, but API_TOKENS or AUTH_ISSUERS is set: unset AUTH_MODE to require those credentials, or empty them')
+  }
+  if (config.AUTH_MODE === undefined && !authenticationOn(config) && !isLoopback(config.HOST)) {
+    throw new ConfigError(`invalid configuration: HOST=${config.HOST} serves the network with authentication off (API_TOKENS and AUTH_ISSUERS are empty): ` +
+      'set API_TOKENS or AUTH_ISSUERS, or HOST=127.0.0.1 to serve this machine alone, or AUTH_MODE=none to serve the data to anyone who reaches the port')
+  }
+}
+
+/** The unspecified addresses: HOST listens on every interface, and no client names the service so. */
+const ANY_ADDRESS = new Set(['0.0.0.0', '::', '[::]'])
+
+/**
+ * The Host names (lowercase, without a port; an IPv6 address bracketed)
+ * that a request may carry while authentication is off: loopback's, HOST's
+ * and ALLOWED_HOSTS'; undefined when ALLOWED_HOSTS is `*` (any).
+ */
+export function allowedHostsOf (config: Pick<Config, 'HOST' | 'ALLOWED_HOSTS'>): Set<string> | undefined {
+  const listed = listOf(config.ALLOWED_HOSTS)
+  if (listed.includes('*')) return undefined
+  const host = ANY_ADDRESS.has(config.HOST) ? [] : [isIP(config.HOST) === 6 ? `[${config.HOST}]` : config.HOST]
+  return new Set(['localhost', '127.0.0.1', '[::1]', ...host, ...listed].map((name) => name.toLowerCase()))
 }
 
 const DURATION_UNIT_MS = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const

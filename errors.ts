@@ -12,6 +12,7 @@ export const ErrorCodes = {
   cursor_expired: 410,
   method_not_allowed: 405,
   too_many_requests: 429,
+  misdirected_request: 421,
   internal: 500
 } as const
 
@@ -110,6 +111,15 @@ export function unknownParameter (name: string, accepted: readonly string[]): Ap
     ? `unknown query parameter ${shown}: this route takes no query parameters`
     : `unknown query parameter ${shown}: this route accepts ${accepted.join(', ')}`)
 }
+
+/**
+ * A request whose Host is not one this service answers to while
+ * authentication is off (plugins/app/allowed-hosts.ts): a page that
+ * rebinds its own name to this address (DNS rebinding) reaches it so.
+ */
+export const hostNotAllowed = (host: string | undefined) => new ApiError('misdirected_request', host === undefined
+  ? 'a request without a Host header is not answered while authentication is off'
+  : `the Host ${JSON.stringify(host.length > MAX_NAME_SHOWN ? `${host.slice(0, MAX_NAME_SHOWN)}…` : host)} is not one this service answers to while authentication is off: the operator may add it to ALLOWED_HOSTS`)
 
 /** A write to a path of the read-only API: `allowed` is what the path serves (none when no route serves it). */
 export function methodNotAllowed (method: string, allowed: readonly string[]): ApiError {

@@ -1,6 +1,6 @@
 import { createServer } from 'node:net'
 import t from 'tap'
-import { checkSettings, ConfigError, durationMs, listenFailure, loadConfig, loadDemoConfig, portFree, trustedProxiesOf } from '../config.js'
+import { allowedHostsOf, checkSettings, ConfigError, durationMs, isLoopback, listenFailure, loadConfig, loadDemoConfig, portFree, trustedProxiesOf } from '../config.js'
 
 const url = 'postgres://postgres@127.0.0.1:5432/postgres'
 
@@ -15,7 +15,7 @@ t.test('defaults', async (t) => {
     DATABASE_URL: url,
     PGLITE_DATA_DIR: 'data/pglite',
     PGLITE_PORT: 0,
-    HOST: '0.0.0.0',
+    HOST: '127.0.0.1',
     PORT: 8080,
     LOG_LEVEL: 'info',
     DB_POOL_MAX: 10,
@@ -49,6 +49,7 @@ t.test('defaults', async (t) => {
     AUTH_CLOCK_TOLERANCE_S: 30,
     AUTH_ALLOW_TOKEN_IN_URL: false,
     STREAM_TOKEN_TTL_S: 300,
+    ALLOWED_HOSTS: '',
     CORS_ORIGINS: '',
     COMPRESS_MIN_BYTES: 1024,
     MAX_EVENT_LOOP_DELAY_MS: 1000,
@@ -121,6 +122,38 @@ t.test('EVENTS_RETENTION: a duration in seconds, minutes, hours or days; absent 
   t.notOk('EVENTS_RETENTION' in loadConfig({ DATABASE_URL: url, EVENTS_RETENTION: '' }), 'empty: the default')
   t.equal(loadConfig({ DATABASE_URL: url, EVENTS_RETENTION: '90s' }).EVENTS_RETENTION, '90s')
   t.same(['90s', '15m', '12h', '30d', '10s'].map(durationMs), [90_000, 900_000, 43_200_000, 2_592_000_000, 10_000])
+})
+
+t.test('HOST other than loopback with authentication off: refused at start unless AUTH_MODE=none says so', async (t) => {
+  const refusal = /^invalid configuration: HOST=0\.0\.0\.0 serves the network with authentication off \(API_TOKENS and AUTH_ISSUERS are empty\): set API_TOKENS or AUTH_ISSUERS, or HOST=127\.0\.0\.1 to serve this machine alone, or AUTH_MODE=none/
+  t.throws(() => loadConfig({ DATABASE_URL: url, HOST: '0.0.0.0' }), ConfigError)
+  t.throws(() => loadConfig({ DATABASE_URL: url, HOST: '0.0.0.0' }), { message: refusal }, 'the error names the settings')
+  for (const host of ['0.0.0.0', '::', '10.1.2.3', 'fd00::1', 'api.example', '128.0.0.1']) {
+    t.throws(() => loadConfig({ DATABASE_URL: url, HOST: host }), { message: new RegExp(`^invalid configuration: HOST=${host.replace(/\./g, '\\.')} serves the network`) }, `HOST=${host}: refused`)
+    t.match(loadConfig({ DATABASE_URL: url, HOST: host, AUTH_MODE: 'none' }), { HOST: host, AUTH_MODE: 'none' }, `HOST=${host}, AUTH_MODE=none: served`)
+    t.match(loadConfig({ DATABASE_URL: url, HOST: host, API_TOKENS: 'secret-token' }), { HOST: host }, `HOST=${host} with API_TOKENS: served`)
+  }
+  const issuers = JSON.stringify([{ issuer: 'https://idp.example', audience: 'ocp-api' }])
+  t.match(loadConfig({ DATABASE_URL: url, HOST: '0.0.0.0', AUTH_ISSUERS: issuers }), { HOST: '0.0.0.0' }, 'with AUTH_ISSUERS: served')
+  for (const host of ['127.0.0.1', '127.0.0.2', 'localhost', 'LOCALHOST', '::1', '[::1]', '0:0:0:0:0:0:0:1', '::ffff:127.0.0.1']) {
+    t.ok(isLoopback(host), `${host} is loopback`)
+    t.equal(loadConfig({ DATABASE_URL: url, HOST: host }).HOST, host, `HOST=${host}: served without authentication or AUTH_MODE`)
+  }
+  t.throws(() => loadConfig({ DATABASE_URL: url, AUTH_MODE: 'none', API_TOKENS: 'secret-token' }),
+    { message: /^invalid configuration: AUTH_MODE=none turns authentication off, but API_TOKENS or AUTH_ISSUERS is set: unset AUTH_MODE/ }, 'AUTH_MODE=none beside credentials: a contradiction, refused')
+  t.throws(() => loadConfig({ DATABASE_URL: url, AUTH_MODE: 'off' }), { message: /AUTH_MODE/ }, 'AUTH_MODE is none or unset')
+  t.notOk('AUTH_MODE' in loadConfig({ DATABASE_URL: url, AUTH_MODE: '' }), 'empty: unset')
+})
+
+t.test('the Host names answered with authentication off: loopback\'s, HOST\'s and ALLOWED_HOSTS\', or any with *', async (t) => {
+  const names = (env: Record<string, string>) => { const set = allowedHostsOf(loadConfig({ DATABASE_URL: url, AUTH_MODE: 'none', ...env })); return set === undefined ? set : [...set] }
+  t.same(names({}), ['localhost', '127.0.0.1', '[::1]'], 'by default, loopback\'s')
+  t.same(names({ HOST: '0.0.0.0' }), ['localhost', '127.0.0.1', '[::1]'], 'HOST on every interface names nothing')
+  t.same(names({ HOST: '::' }), ['localhost', '127.0.0.1', '[::1]'], 'nor on every IPv6 interface')
+  t.same(names({ HOST: '10.1.2.3' }), ['localhost', '127.0.0.1', '[::1]', '10.1.2.3'], 'HOST an address: that address')
+  t.same(names({ HOST: 'FD00::1' }), ['localhost', '127.0.0.1', '[::1]', '[fd00::1]'], 'an IPv6 one bracketed, lowercase')
+  t.same(names({ HOST: '0.0.0.0', ALLOWED_HOSTS: 'API.example, ocp.internal ,' }), ['localhost', '127.0.0.1', '[::1]', 'api.example', 'ocp.internal'], 'ALLOWED_HOSTS adds names')
+  t.equal(names({ ALLOWED_HOSTS: 'api.example,*' }), undefined, '* allows any Host')
 })
 
 t.test('the demo\'s settings are read and checked as the service\'s', async (t) => {

@@ -51,7 +51,7 @@ const NOT_RUN: Record<string, string> = {
   'docs/development.md: DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm start': 'the server as npm start runs it (test/server.test.ts)',
   'docs/development.md: npm run seed -- fixtures/demo.json && npm start     # embedded database': 'the fixture loader (test/fixtures.test.ts; this file loads fixtures/demo.json)',
   'docs/durable-streams.md: # --database: the database the service reads (the suite writes there);': 'the official conformance suite (test/conformance.test.ts)',
-  'docs/operating.md: docker compose up --build': 'needs a Docker engine (test/compose/stack.ts)',
+  'docs/operating.md: POSTGRES_PASSWORD=<a password of yours> docker compose up --build': 'needs a Docker engine (test/compose/stack.ts)',
   'docs/operating.md: npm run test:compose': 'needs a Docker engine (test/compose/stack.ts)',
   'docs/responses.md: Link: </api/runs?limit=50&cursor=WyIyMDI2LTExLTIx...>; rel="next"': 'a header\'s shape, not a command (test/runs.test.ts pages with it)',
   'docs/stream.md: retry: 2000\n: unavailable': 'what a refused stream sends (test/stream-retry.test.ts)'

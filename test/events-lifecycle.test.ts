@@ -50,7 +50,7 @@ t.test('a client that does not read is cut off at the bound, then disconnected; 
   const stalled = connect({ port, host: '127.0.0.1' })
   stalled.on('error', () => {})
   stalled.pause()
-  stalled.write('GET /api/events/stream?run_id=run-slow HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n')
+  stalled.write('GET /api/events/stream?run_id=run-slow HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n')
   await waitUntil(() => app.events.streams.size === 2, 'app.events.streams.size === 2')
   let closed = false
   stalled.on('close', () => { closed = true })
@@ -108,7 +108,7 @@ t.test('shutdown: a stream\'s end reaches its client whole, once the port is clo
     })
   })
   const closed = new Promise((resolve) => socket.on('close', resolve))
-  socket.write('GET /api/events/stream HTTP/1.1\r\nHost: x\r\n\r\n')
+  socket.write('GET /api/events/stream HTTP/1.1\r\nHost: localhost\r\n\r\n')
   await waitUntil(() => app.events.streams.size === 1 && received.includes('retry:'), 'the stream open')
   const closing = app.close()
   await hold.entered
@@ -132,7 +132,7 @@ t.test('shutdown: a slow client still gets its stream\'s end whole; one that tak
     let received = ''
     socket.on('data', (chunk) => { received += chunk.toString() })
     const closed = new Promise<void>((resolve) => socket.on('close', () => resolve()))
-    socket.write(`GET /api/events/stream?run_id=run-shut&after_event_id=${base} HTTP/1.1\r\nHost: x\r\n\r\n`)
+    socket.write(`GET /api/events/stream?run_id=run-shut&after_event_id=${base} HTTP/1.1\r\nHost: localhost\r\n\r\n`)
     return { socket, closed, received: () => received }
   }
   const [slow, gone] = [client(), client()]

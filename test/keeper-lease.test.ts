@@ -1,7 +1,8 @@
 import { readFileSync } from 'node:fs'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { leaseMsFor } from '../events/upkeep/keeper.js'
+import { leaseMsFor, lockTimeoutMsFor } from '../events/upkeep/keeper.js'
+import { build } from './helpers/app.js'
 import { needsServer, testDatabaseUrl } from './helpers/database.js'
 import { metricValue } from './helpers/metrics.js'
 import { startReplicas, type Replica } from './helpers/replicas.js'
@@ -24,6 +25,11 @@ import { waitUntil } from './helpers/wait.js'
  * expired) goes at once, with the next term, and the old term is fenced off;
  * a role that may only read can neither take the lease, tick nor take a
  * census.
+ *
+ * And a session of the owner's left idle holding event_log_state's row
+ * (only the owner may lock it) fails the keeper's ticks after its
+ * lock_timeout, a quarter of the lease: warned once, naming the session,
+ * counted; ticks resume once it lets go.
  */
 
 const skip = needsServer('replicas are processes of their own over one Postgres, and the lease is held by sessions of their own')
@@ -215,4 +221,39 @@ t.test('a keeper frozen by SIGSTOP is replaced within its lease: a hole holds a 
   const after = await leaseOf(db)
   t.match(after, { keeper: taken.keeper, term: taken.term }, 'the follower\'s lease, its term unchanged: the old keeper asked for it again, and did not get it')
   t.same(await Promise.all([keeper, follower].map(keeperMetric)), [0, 1], 'one keeper: the follower')
+})
+
+t.test('a session left idle holding event_log_state fails the keeper\'s ticks after lock_timeout: one warning naming it, counted, and ticks resume when it lets go', { skip }, async (t) => {
+  const lines: Array<Record<string, any>> = []
+  const app = await build(t, { EVENTS_CLOCK_INTERVAL_MS: CLOCK_MS }, { logger: { level: 'info', stream: { write: (line: string) => { lines.push(JSON.parse(line)) } } } })
+  const upkeep = app.events.upkeep!
+  await waitUntil(() => upkeep.leading && upkeep.ticks > 0, 'the app to keep the log')
+  t.equal(upkeep.lockTimeoutMs, lockTimeoutMsFor(LEASE_MS), `its lock_timeout: a quarter of its ${LEASE_MS} ms lease`)
+  const lockTimeouts = async () => metricValue((await app.inject({ url: '/metrics' })).body, 'event_log_keeper_lock_timeouts_total')
+  t.equal(await lockTimeouts(), 0, 'event_log_keeper_lock_timeouts_total starts at 0')
+
+  const holder = await connect(t, await testDatabaseUrl())
+  await holder.query('set application_name = \'left-idle\'')
+  const { pid } = await one<{ pid: number }>(holder, 'select pg_backend_pid() as pid')
+  await holder.query('begin')
+  await holder.query('select * from event_log_state for update')
+  const heldAt = Date.now()
+  const warnings = () => lines.filter((line) => /a tick waited on a lock for lock_timeout/.test(line.msg))
+  await waitUntil(() => warnings().length > 0, 'the keeper to warn')
+  t.ok(Date.now() - heldAt >= upkeep.lockTimeoutMs, `after waiting its lock_timeout (${upkeep.lockTimeoutMs} ms)`)
+  t.match(warnings()[0], {
+    level: 40,
+    lockTimeoutMs: upkeep.lockTimeoutMs,
+    waitedOn: /event_log_state/,
+    holders: [{ pid, role: String, applicationName: 'left-idle', state: 'idle in transaction', transactionSeconds: Number }]
+  }, 'the warning says where it waited, and names the session holding the row')
+  await waitUntil(async () => await lockTimeouts() >= 2, 'the keeper to try again and time out again')
+  t.equal(warnings().length, 1, 'one warning however many ticks time out')
+  t.ok(upkeep.leading, 'the keeper keeps its lease meanwhile (its connection is sound)')
+  const event = await commitEvent(await connect(t, await testDatabaseUrl()))
+
+  await holder.query('rollback')
+  await waitUntil(() => lines.some((line) => /the lock it waited on was released; ticks resume/.test(line.msg)), 'the keeper to say it recovered')
+  await waitUntil(async () => (await leaseOf(holder)).settled >= event, 'the keeper to settle the event committed meanwhile')
+  t.pass(`ticks resume: the event committed while the row was held (${event}) is settled`)
 })

@@ -171,7 +171,7 @@ t.test('hundreds of non-reading clients and connect/drop churn: bounded, no leak
     const socket = connect({ port, host: '127.0.0.1' })
     socket.on('error', () => {})
     socket.pause()
-    socket.write(`GET /api/events/stream?after_event_id=${base} HTTP/1.1\r\nHost: x\r\n\r\n`)
+    socket.write(`GET /api/events/stream?after_event_id=${base} HTTP/1.1\r\nHost: localhost\r\n\r\n`)
     stalled.push(socket)
   }
   // Clients that connect and drop at once, over and over, while events flow.
@@ -179,7 +179,7 @@ t.test('hundreds of non-reading clients and connect/drop churn: bounded, no leak
     for (let i = 0; i < CHURN; i++) {
       const socket = connect({ port, host: '127.0.0.1' })
       socket.on('error', () => {})
-      socket.write(`GET /api/events/stream${i % 2 === 0 ? '' : '?run_id=churn'} HTTP/1.1\r\nHost: x\r\n\r\n`)
+      socket.write(`GET /api/events/stream${i % 2 === 0 ? '' : '?run_id=churn'} HTTP/1.1\r\nHost: localhost\r\n\r\n`)
       await new Promise((resolve) => setTimeout(resolve, i % 3))
       socket.destroy()
     }
@@ -251,7 +251,7 @@ t.test('a client gone while its token is checked leaves nothing behind: no strea
     const fetches = issuer.jwksFetches()
     const socket = connect({ port, host: '127.0.0.1' })
     socket.on('error', () => {})
-    socket.write(`GET ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${token}\r\n\r\n`)
+    socket.write(`GET ${path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer ${token}\r\n\r\n`)
     await waitUntil(() => issuer.jwksFetches() > fetches, 'the service to ask for the issuer\'s keys')
     socket.destroy()
     const connections = () => new Promise<number>((resolve) => app.server.getConnections((_err, count) => resolve(count)))

@@ -283,7 +283,7 @@ t.test('shutdown: late requests get the envelope, streams end, in-flight request
   socket.on('data', (chunk) => { received += chunk.toString() })
   const socketClosed = new Promise((resolve) => socket.on('close', resolve))
   const arrived = once(app.server, 'request')
-  socket.write('GET /api/runs/run-ops-0 HTTP/1.1\r\nHost: x\r\n\r\n')
+  socket.write('GET /api/runs/run-ops-0 HTTP/1.1\r\nHost: localhost\r\n\r\n')
   await arrived
   const hold = holdClose(app)
   const closing = app.close()

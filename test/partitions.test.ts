@@ -77,7 +77,7 @@ t.test('the conversion keeps the table, its rows and its indexes: no rewrite', a
   const rowsBefore = await one(client, fingerprint)
   const drawn = await drawnOf(client)
 
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty'] })
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege'] })
   t.equal((await one<{ kind: string }>(client, `select relkind::text as kind from pg_class where oid = 'events'::regclass`)).kind, 'p', 'events is partitioned')
   const after = await client.query<{ oid: number, relfilenode: number, relname: string }>(`select c.oid::int, c.relfilenode::int, c.relname from pg_class c where c.oid = any($1)`, [before.map((row) => row.oid)])
   t.same(after.rows.map((row) => [row.oid, row.relfilenode]).sort(), before.map((row) => [row.oid, row.relfilenode]).sort(),
@@ -126,7 +126,7 @@ t.test('the conversion keeps the table, its rows and its indexes: no rewrite', a
     ['events_pkey', 'events_run_id_event_id_idx', 'events_thread_id_event_id_idx'])
   t.same(await one(client, 'select has_table_privilege(\'public\', \'events\', \'select\') as public'), { public: true })
   t.same(await placed(), { id: String(bound + 1_000_002), partition: 'events' }, 'the ordering default and trigger work again')
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty'] }, 'and up again')
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege'] }, 'and up again')
   t.equal((await one<{ n: number }>(client, 'select count(*)::int as n from events')).n, 1005)
 })
 
@@ -150,7 +150,7 @@ t.test('the CHECK is added and validated before the migrations\' transaction, an
   // Ids drawn past the bound since it was chosen: the migration chooses again.
   await prepareConversion(db)
   await client.query(`select setval('events_event_id_seq', ${10 + CONVERSION_MARGIN + 5})`)
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty'] })
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege'] })
   t.equal((await ranges(client))[0]!.end, 15 + 2 * CONVERSION_MARGIN)
   t.equal(await prepareConversion(db), false, 'nothing to prepare on a partitioned table')
 })
@@ -163,7 +163,7 @@ t.test('preparing gives up, leaving the work to the migration, when the table is
   t.equal(await prepareConversion(kysely(t, url)), false, 'the lock timeout ends the attempt')
   await holder.query('commit')
   t.equal((await client.query(`select 1 from pg_constraint where conrelid = 'events'::regclass and contype = 'c'`)).rowCount, 0)
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty'] })
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege'] })
 })
 
 t.test('ranges are made ahead of the sequence, above what the default partition holds', async (t) => {

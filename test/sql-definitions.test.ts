@@ -177,7 +177,7 @@ t.test('the comparison fails on any real difference', async (t) => {
     ['a body', changed('readers.sql', 'e.event_id = p + 1)', 'e.event_id = p + 2)'), 'function events_settled(bigint,integer): differs'],
     ['a volatility', changed('readers.sql', 'language plpgsql stable', 'language plpgsql volatile'), 'function events_settled(bigint,integer): differs'],
     ['security definer', changed('older-replicas.sql', 'returns bigint\nlanguage plpgsql volatile security definer', 'returns bigint\nlanguage plpgsql volatile'), 'function events_drawn(): differs'],
-    ['a search_path', changed('keeper.sql', 'security definer set search_path from current', 'security definer set search_path = pg_catalog, public'), 'function events_census(bigint,bigint,text[],bigint[],bigint[],bigint): differs'],
+    ['a search_path', changed('keeper.sql', 'security definer set search_path = public, pg_temp', 'security definer set search_path = public'), 'function events_census(bigint,bigint,text[],bigint[],bigint[],bigint): differs'],
     ['a default argument', changed('keeper.sql', 'pause_ms integer default 0', 'pause_ms integer default 1'), 'function events_keep_order(integer,text,bigint,integer): differs'],
     ['a trigger', changed('event-ids.sql', 'before update of event_id on events', 'before update on events'), 'trigger events events_id_unchanged: differs'],
     ['a sequence', changed('event-ids.sql', 'minvalue 0 start 1 cache 1', 'minvalue 0 start 1 cache 10'), 'sequence events_event_id_seq: differs'],
@@ -185,7 +185,8 @@ t.test('the comparison fails on any real difference', async (t) => {
     ['a view', changed('readers.sql', 'else s.last_value - 1 end as drawn', 'else s.last_value end as drawn'), 'view events_id_drawn: differs'],
     ['an inlined function', changed('readers.sql', 'returns table (settled bigint)\nlanguage sql stable', 'returns table (settled bigint)\nlanguage sql stable strict'), 'function events_settled_row(bigint): differs'],
     ['a grant', changed('event-ids.sql', 'grant select on sequence events_settle_mark to public;', ''), 'sequence events_settle_mark: differs'],
-    ['a function left out', changed('keeper.sql', /create or replace function events_timeline\(\)[^]*?\$\$;\n/, ''), 'function events_timeline(): not in db/sql/'],
+    ['a function\'s grant', changed('stream-token.sql', 'revoke execute on function stream_token_key() from public;', ''), 'function stream_token_key(): differs'],
+    ['a function left out', changed('keeper.sql', /create or replace function events_timeline\(\)[^]*?\$\$;\nrevoke [^\n]*\n/, ''), 'function events_timeline(): not in db/sql/'],
     ['a function the database lacks', new Map([...files, ['zz-extra.sql', 'create function events_extra() returns int language sql as $$ select 1 $$;']]), 'function events_extra(): in db/sql/, not in the database']
   ]
   for (const [what, mutated, expected] of cases) {

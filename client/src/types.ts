@@ -171,7 +171,7 @@ export interface Event {
 
 export interface ErrorEnvelope {
   error: {
-    /** One of not_found, bad_request, unauthorized, unavailable, cursor_expired, method_not_allowed, too_many_requests, internal */
+    /** One of not_found, bad_request, unauthorized, unavailable, cursor_expired, method_not_allowed, too_many_requests, misdirected_request, internal */
     code: string
     /** Human-readable explanation */
     message: string

@@ -15,6 +15,7 @@ import * as eventsSettledWithoutPartitionLocks from './0013_events_settled_witho
 import * as eventsSettledInlined from './0014_events_settled_inlined.js'
 import * as eventsForksAndLease from './0015_events_forks_and_lease.js'
 import * as summariesDefaultEmpty from './0016_summaries_default_empty.js'
+import * as leastPrivilege from './0017_least_privilege.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -41,5 +42,6 @@ export const migrations: Record<string, Migration> = {
   '0013_events_settled_without_partition_locks': eventsSettledWithoutPartitionLocks,
   '0014_events_settled_inlined': eventsSettledInlined,
   '0015_events_forks_and_lease': eventsForksAndLease,
-  '0016_summaries_default_empty': summariesDefaultEmpty
+  '0016_summaries_default_empty': summariesDefaultEmpty,
+  '0017_least_privilege': leastPrivilege
 }

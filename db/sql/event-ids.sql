@@ -32,7 +32,12 @@
 -- takes effect for every session at once (not at the keeper's commit), is
 -- never rolled back, and is read without a snapshot or a row lock: the
 -- census that follows a raise knows that every later check sees it. The
--- check runs as the inserting role, hence SELECT on the mark for public.
+-- check runs as the inserting role, hence SELECT on the mark for public
+-- (it holds a position, nothing else). The trigger functions are not
+-- executable by public: a trigger fires whatever its caller's rights
+-- (Postgres checks EXECUTE when the trigger is made); the functions of its
+-- WHEN clause and of the default are, since those are checked as the
+-- inserting role, and they grant nothing (security invoker).
 --
 -- The cost on a writer's path. The default is a SQL function that Postgres
 -- inlines into the INSERT's plan: a plain nextval. (It names a function so
@@ -87,7 +92,7 @@ end
 $$;
 
 create or replace function events_explicit_id() returns trigger
-language plpgsql security definer set search_path from current as $$
+language plpgsql security definer set search_path = public, pg_temp as $$
 declare
   mark bigint := pg_sequence_last_value('events_settle_mark');
   drawn bigint := coalesce(pg_sequence_last_value('events_event_id_seq'), 0);
@@ -113,6 +118,8 @@ begin
 end
 $$;
 
+revoke execute on function events_explicit_id() from public;
+
 create trigger events_explicit_id
 after insert on events
 for each row
@@ -129,6 +136,8 @@ begin
     hint = 'Insert a new event instead.';
 end
 $$;
+
+revoke execute on function events_id_unchanged() from public;
 
 create trigger events_id_unchanged
 before update of event_id on events

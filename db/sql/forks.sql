@@ -56,8 +56,13 @@
 -- Security definer (its search_path fixed, as keeper.sql says), and not
 -- executable by public but through the triggers: whoever may write events
 -- may fence the ids, without rights of their own on the sequences or
--- event_log_state. events_make_ids_safe() serializes itself with a session
--- advisory lock, held only while it runs. events_ids_safe and events_forks
+-- event_log_state. events_make_ids_safe() serializes itself with the lock
+-- of event_log_state's row (which the keeper's tick holds too), taken in a
+-- block that is rolled back when its work is done: the lock is held only
+-- while it runs, the sequences keep their new values (a sequence's change
+-- is never rolled back), and no login without rights on the row can take
+-- the lock first and hold it (as it could an advisory lock, and stall the
+-- first insert after a failover). events_ids_safe and events_forks
 -- are readable by public, as the settle mark is: writers' WHEN clause reads
 -- the first, and every read of the log both (whether a fork is pending),
 -- and they say nothing but that.
@@ -81,7 +86,7 @@ $$;
 
 -- 'sequence' when it moved a sequence moved back forward again; null otherwise.
 create or replace function events_make_ids_safe() returns text
-language plpgsql volatile security definer set search_path from current as $$
+language plpgsql volatile security definer set search_path = public, pg_temp as $$
 declare
   jump constant bigint := 4294967296;
   s event_log_state%rowtype;
@@ -98,8 +103,9 @@ begin
       >= greatest(pg_sequence_last_value('events_settle_mark'), s.census_drawn) then
     return null;
   end if;
-  perform pg_advisory_lock(7061737470931417003);
   begin
+    -- One at a time: the row's lock, released when this block is rolled back below (the sequences keep their values).
+    select * into s from event_log_state for update;
     select case when q.is_called then q.last_value else q.last_value - 1 end into drawn from events_event_id_seq q;
     mark := coalesce(pg_sequence_last_value('events_settle_mark'), 0);
     select max(e.event_id) into held from events e;
@@ -117,10 +123,9 @@ begin
       moved := 'sequence';
       raise warning 'events_event_id_seq was moved back to %, below ids the event log has handed out: it goes on from % (event ids are never handed out twice)', drawn, high;
     end if;
-    perform pg_advisory_unlock(7061737470931417003);
-  exception when others then
-    perform pg_advisory_unlock(7061737470931417003);
-    raise;
+    raise sqlstate 'OCPRL';
+  exception when sqlstate 'OCPRL' then
+    null;
   end;
   return moved;
 end
@@ -128,7 +133,7 @@ $$;
 revoke execute on function events_make_ids_safe() from public;
 
 create or replace function events_ids_made_safe() returns trigger
-language plpgsql security definer set search_path from current as $$
+language plpgsql security definer set search_path = public, pg_temp as $$
 begin
   perform events_make_ids_safe();
   return null;
@@ -140,19 +145,21 @@ before insert on events
 for each statement
 when (events_ids_unsafe())
 execute function events_ids_made_safe();
+revoke execute on function events_ids_made_safe() from public;
 
 -- Before a TRUNCATE: how far the sequence has drawn, which RESTART IDENTITY is about to forget.
 create or replace function events_truncating() returns trigger
-language plpgsql security definer set search_path from current as $$
+language plpgsql security definer set search_path = public, pg_temp as $$
 begin
   perform set_config('events.drawn_before_truncate',
     (select (case when q.is_called then q.last_value else q.last_value - 1 end)::text from events_event_id_seq q), true);
   return null;
 end
 $$;
+revoke execute on function events_truncating() from public;
 
 create or replace function events_truncated() returns trigger
-language plpgsql security definer set search_path from current as $$
+language plpgsql security definer set search_path = public, pg_temp as $$
 declare
   before_truncate bigint := current_setting('events.drawn_before_truncate')::bigint;
 begin
@@ -163,6 +170,7 @@ begin
   return null;
 end
 $$;
+revoke execute on function events_truncated() from public;
 
 create trigger events_truncating
 before truncate on events

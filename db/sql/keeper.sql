@@ -85,13 +85,18 @@
 --
 -- Security definer: a tick reads the sequences and pg_prepared_xacts and
 -- writes the mark and event_log_state whatever role calls it. Like every
--- security definer function here, it keeps the search_path in effect when
--- it was made ("set search_path from current": the migrating session's,
--- "$user", public on a server with the default setting), so a caller's own
--- search_path cannot point it at other objects. The keeper's functions are
--- not executable by public: only their owner (the role that migrates, the
--- one DATABASE_URL names) keeps the log, and a login that can read nothing
--- can neither take the lease nor hold the row.
+-- security definer function here, it searches the schema, then pg_temp,
+-- last ("set search_path = public, pg_temp", as Postgres's "Writing
+-- SECURITY DEFINER Functions Safely" asks): neither a caller's own
+-- search_path nor its temporary objects can stand in for ours. The
+-- keeper's functions, events_timeline() among them, are not executable by
+-- public: only their owner (the role that migrates, the one DATABASE_URL
+-- names) keeps the log, and a login that can read nothing can neither take
+-- the lease nor hold the row (which only the owner may lock). The keeper's
+-- connection waits on a lock a quarter of its lease at most (lock_timeout,
+-- events/upkeep/keeper.ts), so a session of the owner's left idle with the
+-- row locked fails the tick, with a warning naming it and a metric, rather
+-- than holding it for ever.
 --
 -- Not a migration: a change is made by a new migration, then copied here
 -- (test/sql-definitions.test.ts fails while the two differ).
@@ -102,7 +107,7 @@ create or replace function events_census(
   prepared_bound bigint default null,
   out drawn bigint, out mark bigint, out writers text[], out draw_bounds bigint[], out late_bounds bigint[],
   out waiting_pid integer, out waiting_transaction text, out prepared integer)
-language plpgsql volatile security definer set search_path from current as $$
+language plpgsql volatile security definer set search_path = public, pg_temp as $$
 begin
   -- The mark, the sequence, then pg_locks: the order is what makes it sound.
   select m.last_value into mark from events_settle_mark m;
@@ -167,10 +172,11 @@ exception when others then
   return null;
 end
 $$;
+revoke execute on function events_timeline() from public;
 
 create or replace function events_keep_order(pause_ms integer default 0, keeper text default null, term bigint default null, lease_ms integer default 0,
   out settled bigint, out history_floor bigint, out epoch integer, out rewound text, out leads boolean)
-language plpgsql volatile security definer set search_path from current as $$
+language plpgsql volatile security definer set search_path = public, pg_temp as $$
 declare
   walk constant bigint := 100000;
   s event_log_state%rowtype;
@@ -292,7 +298,7 @@ revoke execute on function events_keep_order(integer, text, bigint, integer) fro
 
 -- The keeper's lease, to `keeper` with a new term, when it is free, has expired, or is already its own; null when another holds it.
 create or replace function events_take_lease(keeper text, lease_ms integer, out term bigint)
-language plpgsql volatile security definer set search_path from current as $$
+language plpgsql volatile security definer set search_path = public, pg_temp as $$
 begin
   update event_log_state s set keeper = events_take_lease.keeper, keeper_term = s.keeper_term + 1,
     keeper_until = clock_timestamp() + lease_ms * interval '1 millisecond'
@@ -304,7 +310,7 @@ revoke execute on function events_take_lease(text, integer) from public;
 
 -- Gives the lease up (a keeper that stops): another replica takes it at once.
 create or replace function events_release_lease(keeper text, term bigint) returns void
-language plpgsql volatile security definer set search_path from current as $$
+language plpgsql volatile security definer set search_path = public, pg_temp as $$
 begin
   update event_log_state s set keeper_until = clock_timestamp() - interval '1 millisecond'
   where s.keeper = events_release_lease.keeper and s.keeper_term = events_release_lease.term;

@@ -16,6 +16,9 @@
 --   transaction is younger than the clock's, and the history's floor.
 --
 -- Security definer, its search_path fixed, like the census (keeper.sql).
+-- Neither is executable by public: a replica of such a version reading as a
+-- role of its own needs `grant execute` on them (docs/database.md, "Roles
+-- and privileges").
 --
 -- events_drawn(): events_id_drawn (readers.sql) as a function, which those
 -- replicas call; security definer, its search_path fixed, since a
@@ -28,7 +31,7 @@ create or replace function events_settle_bound(
   prior_drawn bigint default null, prior_writers text[] default '{}', prior_bounds bigint[] default '{}',
   out bound bigint, out waiting_pid integer, out clock_age double precision,
   out drawn bigint, out writers text[], out writer_bounds bigint[])
-language plpgsql volatile security definer set search_path from current as $$
+language plpgsql volatile security definer set search_path = public, pg_temp as $$
 declare
   clock event_log_state%rowtype;
 begin
@@ -78,9 +81,10 @@ begin
   end if;
 end
 $$;
+revoke execute on function events_settle_bound(bigint, text[], bigint[]) from public;
 
 create or replace function events_drawn() returns bigint
-language plpgsql volatile security definer set search_path from current as $$
+language plpgsql volatile security definer set search_path = public, pg_temp as $$
 begin
   if pg_is_in_recovery() then
     return null;
@@ -88,3 +92,4 @@ begin
   return (select case when s.is_called then s.last_value else s.last_value - 1 end from events_event_id_seq s);
 end
 $$;
+revoke execute on function events_drawn() from public;

@@ -2,8 +2,8 @@ import type { FastifyBaseLogger } from 'fastify'
 import { randomUUID } from 'node:crypto'
 import { hostname } from 'node:os'
 import pg from 'pg'
-import { holdsLease, keepOrder, readHistoryFloor, releaseLease, takeLease, type OrderTick } from './order.js'
-import { PartitionKeeper } from './partitions.js'
+import { holdsLease, keepOrder, lockHolders, readHistoryFloor, releaseLease, takeLease, type OrderTick } from './order.js'
+import { isLockTimeout, PartitionKeeper } from './partitions.js'
 
 export interface UpkeepOptions {
   /** A database URL on which this service may write: the primary. */
@@ -28,6 +28,14 @@ const RETRY_MS = 1000
  * own ticks publish nothing from then on.
  */
 export const leaseMsFor = (clockIntervalMs: number) => 3 * clockIntervalMs + 1000
+/**
+ * The longest the keeper's connection waits on a lock (lock_timeout): a
+ * quarter of its lease. Ticks of other processes and a writer's first
+ * insert after a failover hold event_log_state's row for milliseconds; a
+ * session left idle holding it (only the owner's can) fails the tick well
+ * within the lease, said in the log and counted, rather than stalling it.
+ */
+export const lockTimeoutMsFor = (leaseMs: number) => Math.round(leaseMs / 4)
 /**
  * A reader that has waited this long on a hole asks for ticks (an id in
  * flight from writers committing out of order is usually gone by then);
@@ -68,6 +76,7 @@ export class EventLogUpkeep {
   /** This replica's name in the lease (event_log_state.keeper): its host and process, and a random part. */
   readonly id = `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`
   readonly leaseMs: number
+  readonly lockTimeoutMs: number
   /** The lease's term while this replica keeps the log. */
   #term: number | undefined
   #pass: Promise<void> | undefined
@@ -75,6 +84,8 @@ export class EventLogUpkeep {
   #stopped = false
   #leading = false
   #failing = false
+  /** A step timed out on a lock: said once, until a step succeeds. */
+  #lockWaiting = false
   #passFailing = false
   #stepping = false
   /** When the next step is due (epoch ms); the earliest one asked for while a step runs; the gap the next soon() leaves. */
@@ -89,6 +100,8 @@ export class EventLogUpkeep {
   #lastPassAt = 0
   ticks = 0
   passes = 0
+  /** Statements of the keeper's connection (a tick, asking for the lease) that timed out on a lock (lock_timeout). */
+  lockTimeouts = 0
   /** The history's floor as last read (every replica reads it; -1 before the first read). */
   historyFloor = -1
   /** Called when a tick asked for by a waiting reader settled something new: this replica's poller reads it at once. */
@@ -100,6 +113,7 @@ export class EventLogUpkeep {
 
   constructor (readonly options: UpkeepOptions) {
     this.leaseMs = leaseMsFor(options.clockIntervalMs)
+    this.lockTimeoutMs = lockTimeoutMsFor(this.leaseMs)
     this.keeper = new PartitionKeeper({ retentionMs: options.retentionMs, lockTimeoutMs: PARTITION_LOCK_TIMEOUT_MS, settle: () => this.#settleForPass(), log: options.log })
   }
 
@@ -168,11 +182,12 @@ export class EventLogUpkeep {
     let delay = this.options.clockIntervalMs
     try {
       if (!this.#leading) {
-        // A tick may not outlast the lease it renews.
-        this.#client ??= await this.#connect('ocp-api-upkeep', this.leaseMs)
+        // A tick may not outlast the lease it renews, nor wait on a lock for most of it.
+        this.#client ??= await this.#connect('ocp-api-upkeep', { statement_timeout: this.leaseMs, lock_timeout: this.lockTimeoutMs })
         // Stopped while it connected: stop() had no connection to end yet.
         if (this.#stopped) return await this.#disconnect()
-        this.#term = await takeLease(this.#client, this.id, this.leaseMs)
+        const client = this.#client
+        this.#term = await this.#countingLockTimeouts(() => takeLease(client, this.id, this.leaseMs))
         this.#leading = this.#term !== undefined
         if (this.#leading) {
           this.options.log.info({ keeper: this.id, term: this.#term, leaseMs: this.leaseMs, retention: this.options.retentionMs === undefined ? 'none: every event is kept' : `${this.options.retentionMs / 1000} s` },
@@ -201,13 +216,20 @@ export class EventLogUpkeep {
         }
       }
       if (this.#failing) this.options.log.info('event log upkeep recovered')
+      if (this.#lockWaiting) this.options.log.info('event log upkeep: the lock it waited on was released; ticks resume')
       this.#failing = false
+      this.#lockWaiting = false
     } catch (err) {
-      // A tick cut short by stop() (its connection ended under it) is no failure.
-      if (!this.#failing && !this.#stopped) this.options.log.warn({ err }, 'event log upkeep failed; retrying')
-      this.#failing = true
-      await this.#disconnect()
-      delay = RETRY_MS
+      if (isLockTimeout(err) && !this.#stopped) {
+        // A lock held elsewhere: the connection is sound and the lease, if any, still this replica's; the next step tries again.
+        await this.#sayLockTimeout(err)
+      } else {
+        // A tick cut short by stop() (its connection ended under it) is no failure.
+        if (!this.#failing && !this.#stopped) this.options.log.warn({ err }, 'event log upkeep failed; retrying')
+        this.#failing = true
+        await this.#disconnect()
+        delay = RETRY_MS
+      }
     }
     this.#stepping = false
     // A soon() that came during the step may have asked for an earlier one.
@@ -220,7 +242,8 @@ export class EventLogUpkeep {
    * published is recorded, and a change of history said in the log.
    */
   async #tick (pauseMs: number): Promise<OrderTick> {
-    const tick = await keepOrder(this.#client!, { pauseMs, keeper: this.id, term: this.#term!, leaseMs: this.leaseMs })
+    const client = this.#client!
+    const tick = await this.#countingLockTimeouts(() => keepOrder(client, { pauseMs, keeper: this.id, term: this.#term!, leaseMs: this.leaseMs }))
     if (!tick.leads) return tick
     this.published = tick.settled
     this.historyFloor = tick.historyFloor
@@ -228,6 +251,32 @@ export class EventLogUpkeep {
     this.ticks++
     if (tick.rewound !== null) this.#sayRewound(tick)
     return tick
+  }
+
+  /** Runs a statement of the keeper's connection, counting it in lockTimeouts if it timed out on a lock. */
+  async #countingLockTimeouts<T> (statement: () => Promise<T>): Promise<T> {
+    try {
+      return await statement()
+    } catch (err) {
+      if (isLockTimeout(err)) this.lockTimeouts++
+      throw err
+    }
+  }
+
+  /**
+   * A step timed out on a lock: said once until a step succeeds, with where
+   * it waited (Postgres's context of the error) and the sessions holding
+   * event_log_state beyond a read (the row's lock, which a tick and the
+   * lease take first), so that an operator can end the one left idle.
+   */
+  async #sayLockTimeout (err: unknown): Promise<void> {
+    if (this.#lockWaiting) return
+    this.#lockWaiting = true
+    // stop() may end the connection under this query (a race no test times): the warning then goes without the list.
+    /* c8 ignore next */
+    const holders = await lockHolders(this.#client!).catch(() => undefined)
+    this.options.log.warn({ lockTimeoutMs: this.lockTimeoutMs, waitedOn: (err as { where?: string }).where, holders },
+      'event log upkeep: a tick waited on a lock for lock_timeout and gave up (a session holding event_log_state, listed in holders, may be left idle in a transaction); retrying on the next tick, and delivery past a hole waits meanwhile')
   }
 
   /** The settled position fresh for a pass that has just closed a range: a tick of the keeper's, never one beside it. */
@@ -289,8 +338,8 @@ export class EventLogUpkeep {
     await client?.end().catch(() => {})
   }
 
-  async #connect (applicationName: string, statementTimeoutMs?: number): Promise<pg.Client> {
-    const client = new pg.Client({ connectionString: this.options.url, application_name: applicationName, statement_timeout: statementTimeoutMs })
+  async #connect (applicationName: string, timeouts: { statement_timeout?: number, lock_timeout?: number } = {}): Promise<pg.Client> {
+    const client = new pg.Client({ connectionString: this.options.url, application_name: applicationName, ...timeouts })
     // A dropped connection fails the next statement; this only keeps the process up.
     client.on('error', () => {})
     await client.connect()

@@ -25,6 +25,28 @@ export async function holdsLease (client: pg.ClientBase, keeper: string, term: n
   return row!.holds === true
 }
 
+/** A session holding event_log_state beyond a read: its row's lock, or a stronger one on the table. */
+export interface LockHolder {
+  pid: number
+  role: string
+  applicationName: string
+  /** null when this role may not see it (another role's session, without pg_read_all_stats). */
+  state: string | null
+  transactionSeconds: number | null
+}
+
+/** The sessions, this one aside, holding a lock on event_log_state that a tick may wait on (a read's ACCESS SHARE aside). */
+export async function lockHolders (client: pg.ClientBase): Promise<LockHolder[]> {
+  const { rows } = await client.query<LockHolder>(
+    `select distinct a.pid, a.usename as "role", a.application_name as "applicationName", a.state,
+       extract(epoch from clock_timestamp() - a.xact_start)::int as "transactionSeconds"
+     from pg_locks l join pg_stat_activity a on a.pid = l.pid
+     where l.relation = 'event_log_state'::regclass and l.database = (select oid from pg_database where datname = current_database())
+       and l.granted and l.mode <> 'AccessShareLock' and l.pid <> pg_backend_pid()
+     order by a.pid`)
+  return rows
+}
+
 /** The history's floor: every event at or below it may be gone (EVENTS_RETENTION). */
 export async function readHistoryFloor (client: pg.ClientBase): Promise<number> {
   const { rows: [row] } = await client.query<{ floor: string }>('select history_floor::text as floor from event_log_state')

@@ -178,6 +178,12 @@ export default fp(async function metricsPlugin (app) {
       registers,
       collect () { this.set(Number(eventLog.leading)) }
     })
+    new Counter({ // eslint-disable-line no-new
+      name: 'event_log_keeper_lock_timeouts_total',
+      help: 'Ticks of the event log\'s keeper (and asks for its lease) that waited on a lock for a quarter of the lease and gave up: a session holding event_log_state (the warning names it) holds delivery past a hole back',
+      registers,
+      collect () { this.reset(); this.inc(eventLog.lockTimeouts) }
+    })
     new Gauge({ // eslint-disable-line no-new
       name: 'event_history_floor',
       help: 'The history\'s floor: the highest event id removed by EVENTS_RETENTION (0: none); a cursor below it answers 410 cursor_expired (-1 before it is read)',

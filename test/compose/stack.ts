@@ -1,4 +1,5 @@
 import { EventSource } from 'eventsource'
+import { request } from 'node:http'
 import pg from 'pg'
 import t from 'tap'
 import { composeStack } from '../helpers/compose.js'
@@ -13,16 +14,25 @@ import { sleep, waitUntil } from '../helpers/wait.js'
  * is killed and restarted: every stream resumes (how soon after the kill is
  * printed; BENCHMARKS.md, "Streams after a replica dies"), none loses or repeats an event, none is left open on a replica; `down`
  * and `up` after a kill of Postgres keep every committed row; every
- * healthcheck turns healthy. Not in tap's default include (it takes
+ * healthcheck turns healthy. Secure by default: the API and nginx are
+ * published on loopback alone, and answer no foreign Host (authentication
+ * is off); the service's role is no superuser and the superuser may not
+ * connect over the network; the password is the one given, and the event
+ * wake-up's replication connection is allowed to the service's role. Not in tap's default include (it takes
  * minutes): `npm run test:compose`. Its own project name and ports, and
  * `down -v` at the end, so it never touches another stack.
  */
 
 const STREAMS = 6
+
+/** The status of GET `url` sent with `host` as its Host header (fetch sets its own). */
+const statusWithHost = (url: string, host: string) => new Promise<number>((resolve, reject) => {
+  request(url, { headers: { host } }, (res) => { res.resume(); resolve(res.statusCode!) }).on('error', reject).end()
+})
 const RESUME_TARGET_MS = 15_000
 
 t.test('the compose deployment: replicas and Postgres killed under open streams, down and up', async (t) => {
-  const { description, compose, scale, docker, containerOf, metricsOf, database, api, lb, ...stack } = await composeStack('ocp-compose')
+  const { description, compose, scale, docker, containerOf, metricsOf, database, password, api, lb, ...stack } = await composeStack('ocp-compose')
   t.teardown(() => { scale('down', '-v', '--remove-orphans') })
   t.comment(description)
   const healthy = async (services: string[]) => {
@@ -36,9 +46,22 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
   const seed = new pg.Client({ connectionString: database })
   await seed.connect()
   await seed.query(`insert into runs (run_id, goal, summary, status) values ('run-compose', 'g', 's', 'running')`)
+  t.same((await seed.query('select current_user as role, rolsuper from pg_roles where rolname = current_user')).rows, [{ role: 'ocp', rolsuper: false }],
+    'the service\'s role, ocp, is no superuser')
+  await waitUntil(async () => (await seed.query('select 1 from pg_stat_activity where application_name like \'ocp-api%\'')).rowCount! > 0, 'the service\'s sessions')
+  const sessions = (await seed.query<{ role: string, rolsuper: boolean }>(
+    'select distinct a.usename as role, r.rolsuper from pg_stat_activity a join pg_roles r on r.rolname = a.usename where a.application_name like \'ocp-api%\'')).rows
+  t.same(sessions, [{ role: 'ocp', rolsuper: false }], 'every session of the service\'s is ocp\'s')
   await seed.end()
+  const superuser = new pg.Client({ connectionString: database.replace(/\/\/ocp:/, '//postgres:') })
+  await t.rejects(superuser.connect(), { message: /pg_hba\.conf rejects connection .*user "postgres"/ }, 'the superuser may not connect over the network, even with the password')
+  await t.rejects(new pg.Client({ connectionString: database.replace(password, 'ocp') }).connect(), { message: /password authentication failed/ }, 'the password is the one given (no default)')
+  await waitUntil(() => metricValue(metricsOf('api'), 'event_wakeup_live') === 1, 'the event wake-up to stream WAL (replication allowed to ocp)', 60_000)
+  t.pass('the event wake-up streams WAL: replication is allowed to the service\'s role')
+  t.match(docker('port', containerOf('api'), '8080'), /^127\.0\.0\.1:\d+$/, 'the API is published on loopback alone')
   const read = await fetch(`${api}/api/runs/run-compose`)
   t.equal(read.status, 200, 'a read on the default profile')
+  t.equal(await statusWithHost(`${api}/api/runs`, 'attacker.example'), 421, 'authentication off: a foreign Host (DNS rebinding) is refused')
   const clientPackage = await fetch(`${api}/client/ocp-api-client.tgz`)
   t.equal(clientPackage.status, 200, 'the image serves the client package its build packed (docs/clients.md, "The command line")')
   t.equal(clientPackage.headers.get('content-type'), 'application/gzip')
@@ -47,6 +70,8 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
   scale('up', '-d')
   await healthy(['api', 'api-2', 'api-3'])
   await waitUntil(async () => (await fetch(`${lb}/api/runs/run-compose`).catch(() => undefined))?.status === 200, 'reads through nginx', 30_000)
+  t.match(docker('port', containerOf('lb'), '8088'), /^127\.0\.0\.1:\d+$/, 'nginx is published on loopback alone')
+  t.equal(await statusWithHost(`${lb}/api/runs`, 'attacker.example'), 421, 'nginx passes the client\'s Host on: a foreign one is refused there too')
 
   // An orchestrator writing events all along, across every failure: only acknowledged commits count.
   const committed: number[] = []

@@ -69,11 +69,11 @@ export async function keptAliveConnection (url: string): Promise<{ late: (path: 
   let received = ''
   socket.on('data', (chunk) => { received += chunk.toString() })
   const closed = new Promise((resolve) => socket.on('close', resolve))
-  socket.write('GET /health HTTP/1.1\r\nHost: x\r\n\r\n')
+  socket.write('GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n')
   await waitUntil(() => /^HTTP\/1\.1 200 [\s\S]*\r\n\r\n\{.*\}$/.test(received), 'the first answer')
   return {
     async late (path, headers = {}) {
-      socket.write(`GET ${path} HTTP/1.1\r\nHost: x\r\n${Object.entries(headers).map(([name, value]) => `${name}: ${value}\r\n`).join('')}\r\n`)
+      socket.write(`GET ${path} HTTP/1.1\r\nHost: localhost\r\n${Object.entries(headers).map(([name, value]) => `${name}: ${value}\r\n`).join('')}\r\n`)
       await closed
       const second = received.split(/(?=HTTP\/1\.1 )/)[1]!
       const [head, body] = [second.slice(0, second.indexOf('\r\n\r\n')), second.slice(second.indexOf('\r\n\r\n') + 4)]

@@ -1,4 +1,5 @@
 import { execFileSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { freePort, waitUntil } from './wait.js'
@@ -35,8 +36,10 @@ export interface ComposeStack {
   healthy: (services: string[], timeoutMs?: number) => Promise<number>
   /** A replica's /metrics, read inside its container (only the default replica publishes a port). */
   metricsOf: (service: string) => string
-  /** The orchestrator's database, the default replica and nginx (scale profile), on loopback. */
+  /** The orchestrator's database (as the service's role, ocp), the default replica and nginx (scale profile), on loopback. */
   database: string
+  /** POSTGRES_PASSWORD, which the compose file requires: made up for this stack. */
+  password: string
   api: string
   lb: string
 }
@@ -45,7 +48,8 @@ export async function composeStack (name: string): Promise<ComposeStack> {
   const [cli, ...cliArgs] = composeCommand()
   const ports = { POSTGRES_PORT: await freePort(), API_PORT: await freePort(), LB_PORT: await freePort() }
   const project = `${name}-${process.pid}`
-  const env = { ...process.env, COMPOSE_PROJECT_NAME: project, ...Object.fromEntries(Object.entries(ports).map(([key, port]) => [key, String(port)])) }
+  const password = randomBytes(18).toString('base64url')
+  const env = { ...process.env, COMPOSE_PROJECT_NAME: project, POSTGRES_PASSWORD: password, ...Object.fromEntries(Object.entries(ports).map(([key, port]) => [key, String(port)])) }
   const compose = (...args: string[]) => execFileSync(cli!, [...cliArgs, '-f', join(root, 'docker-compose.yml'), ...args], { cwd: root, env, stdio: 'pipe' }).toString()
   const docker = (...args: string[]) => execFileSync('docker', args, { stdio: 'pipe', maxBuffer: 64 * 1024 * 1024 }).toString().trim()
   const containerOf = (service: string) => compose('ps', '-q', service).trim()
@@ -65,7 +69,8 @@ export async function composeStack (name: string): Promise<ComposeStack> {
     },
     metricsOf: (service) => docker('exec', containerOf(service), 'node', '-e',
       'fetch("http://127.0.0.1:8080/metrics").then((r) => r.text()).then((text) => console.log(text))'),
-    database: `postgres://ocp:ocp@127.0.0.1:${ports.POSTGRES_PORT}/ocp`,
+    database: `postgres://ocp:${password}@127.0.0.1:${ports.POSTGRES_PORT}/ocp`,
+    password,
     api: `http://127.0.0.1:${ports.API_PORT}`,
     lb: `http://127.0.0.1:${ports.LB_PORT}`
   }

@@ -19,6 +19,9 @@ const STREAM_TOKEN_AUDIENCE = 'urn:ocp-api:streams'
  * credential that asked for one never goes into a URL. They open nothing
  * once `exp` (their `expires_at`) has passed, by this service's clock.
  */
+/** How far apart replicas' clocks may be: a token another replica signed may carry an iat this far ahead. */
+const REPLICA_CLOCK_SKEW_S = 60
+
 export class StreamTokens {
   private key: Promise<Uint8Array> | undefined
 
@@ -59,9 +62,14 @@ export class StreamTokens {
         issuer: STREAM_TOKEN_ISSUER,
         audience: STREAM_TOKEN_AUDIENCE,
         algorithms: ['HS256'],
-        // Our own clock signed it: no tolerance (AUTH_CLOCK_TOLERANCE_S is for other issuers' clocks).
-        requiredClaims: ['exp']
+        // Our clock decides its end: no tolerance past exp (AUTH_CLOCK_TOLERANCE_S is for other issuers' clocks).
+        requiredClaims: ['exp', 'iat']
       })
+      // Whatever its exp says (a token forged with the key, or signed by a replica with a longer TTL): never older
+      // than the TTL. Its iat may be a little ahead of this clock (another replica's, a second boundary apart), no more.
+      const age = Math.floor(Date.now() / 1000) - payload.iat!
+      if (age > this.ttlSeconds) throw new UnauthorizedError('the stream token has expired: get a new one from GET /api/stream-token', true)
+      if (age < -REPLICA_CLOCK_SKEW_S) throw new UnauthorizedError('the stream token was issued in the future', true)
       const scope = payload.stream
       if (typeof scope !== 'object' || scope === null) throw new UnauthorizedError('the stream token names no scope', true)
       return { scope, caller: payload.sub }
