@@ -164,3 +164,9 @@ t.test('API_TOKENS: name:token, or a bare token named by its place', async (t) =
   t.equal(matcher.matches('ci:abc'), undefined, 'the name is not part of the token')
   t.equal(matcher.matches('nope'), undefined)
 })
+
+t.test('callerOf: a JWT without a subject is its issuer alone', async (t) => {
+  const { callerOf } = await import('../plugins/app/auth/index.js')
+  t.equal(callerOf({ kind: 'jwt', issuer: 'https://issuer.example', subject: undefined, expires: 0 }), 'https://issuer.example')
+  t.equal(callerOf({ kind: 'jwt', issuer: 'https://issuer.example', subject: 'ada', expires: 0 }), 'https://issuer.example ada')
+})
