@@ -387,6 +387,34 @@ function followPage<T> (page: FollowedPage<T>, onStatus: (status: StreamStatus) 
 const RUN_ACTIVITY_SIZE = 20
 
 /**
+ * A page's timeline and activity, fed from its run's events (those `shows`
+ * keeps): the history up to the read, then each event once, in order. Its
+ * caughtUp and onEvent are the page's own (FollowedPage).
+ */
+function runEventsFeed (runId: string, timeline: Timeline, activity: ReturnType<typeof latestEvents>, updated: () => void, shows: (event: Event) => boolean = () => true) {
+  /** The highest event drawn: the stream resumes after the history, and never repeats one. */
+  let lastEventId = 0
+  return {
+    caughtUp: async (cursor: number, signal: AbortSignal) => {
+      const { events, startsLater } = await runEventsUntil(runId, cursor, signal)
+      lastEventId = cursor
+      const shown = events.filter(shows)
+      timeline.reset(shown, startsLater)
+      activity.clear()
+      activity.show(shown)
+    },
+    onEvent: (event: Event) => {
+      if (event.event_id <= lastEventId || !shows(event)) return false
+      lastEventId = event.event_id
+      timeline.add(event)
+      activity.show([event])
+      updated()
+      return true
+    }
+  }
+}
+
+/**
  * The run page: its head and its tasks drawn from each read of the run;
  * its timeline and its activity from its events (the history up to the
  * read, then each event as it arrives), on one stream.
@@ -402,8 +430,6 @@ function mountRun (main: HTMLElement, runId: string, onStatus: (status: StreamSt
     h('section', { 'aria-labelledby': 'activity-title' }, h('h2', { id: 'activity-title' }, 'Activity'),
       h('p', { class: 'meta' }, `The run's latest ${RUN_ACTIVITY_SIZE} events, newest first, live.`), activity.element)))
   let latest: RunDetailEnvelope | undefined
-  /** The highest event drawn: the stream resumes after the history, and never repeats one. */
-  let lastEventId = 0
   const drawRun = (body: RunDetailEnvelope) => {
     latest = body
     head.replaceChildren(renderRunHead(body, timeline))
@@ -411,27 +437,17 @@ function mountRun (main: HTMLElement, runId: string, onStatus: (status: StreamSt
     timeline.setTasks(body.run.tasks)
     updated()
   }
+  const feed = runEventsFeed(runId, timeline, activity, updated)
   return followPage<RunDetailEnvelope>({
     read: (signal) => client.runRead(runId, signal),
     filter: { run_id: runId },
     draw: drawRun,
     caughtUp: async (cursor, signal) => {
-      const { events, startsLater } = await runEventsUntil(runId, cursor, signal)
-      lastEventId = cursor
-      timeline.reset(events, startsLater)
-      activity.clear()
-      activity.show(events)
+      await feed.caughtUp(cursor, signal)
       // The failed tasks' threads are named by their events, now known.
       if (latest !== undefined) drawRun(latest)
     },
-    onEvent: (event) => {
-      if (event.event_id <= lastEventId) return false
-      lastEventId = event.event_id
-      timeline.add(event)
-      activity.show([event])
-      updated()
-      return true
-    }
+    onEvent: feed.onEvent
   }, onStatus, onError)
 }
 
@@ -483,8 +499,7 @@ function mountTask (main: HTMLElement, runId: string, taskId: string, onStatus: 
     h('section', { 'aria-labelledby': 'phases-title' }, h('h2', { id: 'phases-title' }, 'Phases'), timeline.element),
     h('section', { 'aria-labelledby': 'activity-title' }, h('h2', { id: 'activity-title' }, 'Activity'),
       h('p', { class: 'meta' }, `The task's latest ${RUN_ACTIVITY_SIZE} events, newest first, live.`), activity.element)))
-  let lastEventId = 0
-  const ofTask = (event: Event) => event.task_id === taskId
+  const feed = runEventsFeed(runId, timeline, activity, updated, (event) => event.task_id === taskId)
   return followPage<TaskDetailEnvelope>({
     read: (signal) => client.taskRead(runId, taskId, signal),
     filter: { run_id: runId },
@@ -493,22 +508,7 @@ function mountTask (main: HTMLElement, runId: string, taskId: string, onStatus: 
       timeline.setTasks([body.task])
       updated()
     },
-    caughtUp: async (cursor, signal) => {
-      const { events, startsLater } = await runEventsUntil(runId, cursor, signal)
-      lastEventId = cursor
-      const own = events.filter(ofTask)
-      timeline.reset(own, startsLater)
-      activity.clear()
-      activity.show(own)
-    },
-    onEvent: (event) => {
-      if (event.event_id <= lastEventId || !ofTask(event)) return false
-      lastEventId = event.event_id
-      timeline.add(event)
-      activity.show([event])
-      updated()
-      return true
-    }
+    ...feed
   }, onStatus, onError)
 }
 
