@@ -2,10 +2,10 @@ import type { LightMyRequestResponse } from 'fastify'
 import pg from 'pg'
 import t from 'tap'
 import { createClient } from '../client/src/index.js'
-import { listRuns, type PageKey, type RunFilters } from '../db/queries.js'
 import { build, serve } from './helpers/app.js'
 import { assertSchema } from './helpers/contract.js'
 import { testDatabaseUrl } from './helpers/database.js'
+import { listRunsPlan, rowsRead } from './helpers/plans.js'
 
 // GET /api/runs?blocked=true: the runs waiting on an answer (at least one
 // task in status blocked), newest first, paged, combinable with status; on
@@ -115,34 +115,6 @@ t.test('the client: runs({ blocked: true })', async (t) => {
   t.equal((await api.runs({ blocked: false, limit: 7 })).runs.length, 7, 'false sends no filter')
 })
 
-/** The statement listRuns sends for a page, with its parameter values, taken from a pool that records instead of sending. */
-async function statementOf (page: RunFilters & { limit: number, after?: PageKey }) {
-  let sent: { text: string, values: unknown[] } | undefined
-  const recorder = {
-    connect: async () => ({
-      query: async (config: { text: string, values: unknown[] }) => {
-        sent = config
-        return { rows: [{ body: '{"runs": []}', next_created_at: null, next_id: null, event_cursor: '0' }] }
-      },
-      release () {}
-    })
-  }
-  await listRuns(recorder as unknown as pg.Pool, page, 0)
-  return sent!
-}
-
-interface PlanNode {
-  'Node Type'?: string
-  'Relation Name'?: string
-  'Index Name'?: string
-  'Actual Rows'?: number
-  'Actual Loops'?: number
-  'Rows Removed by Filter'?: number
-  Plans?: PlanNode[]
-}
-
-const nodes = (node: PlanNode): PlanNode[] => [node, ...(node.Plans ?? []).flatMap(nodes)]
-
 t.test('the blocked filter probes tasks_run_status_idx per run passed over, and never scans tasks', async (t) => {
   const db = await client()
   t.teardown(() => db.end())
@@ -152,25 +124,13 @@ t.test('the blocked filter probes tasks_run_status_idx per run passed over, and 
     { label: 'two statuses', page: { limit: 50, blocked: true, statuses: ['running', 'done'] } }
   ]
   for (const { label, page } of cases) {
-    const { text, values } = await statementOf(page)
-    const literal = (value: unknown): string => Array.isArray(value)
-      ? `array[${value.map(literal).join(', ')}]::text[]`
-      : typeof value === 'number' ? String(value) : db.escapeLiteral(String(value))
     for (const mode of ['force_custom_plan', 'force_generic_plan'] as const) {
-      await db.query(`set plan_cache_mode = ${mode}`)
-      await db.query(`prepare page as ${text}`)
-      try {
-        const { rows: [plan] } = await db.query(`explain (analyze, format json) execute page(${values.map(literal).join(', ')})`)
-        const all = nodes(plan['QUERY PLAN'][0].Plan)
-        const taskScans = all.filter((node) => node['Relation Name'] === 'tasks')
-        t.ok(taskScans.length > 0 && taskScans.every((node) => node['Node Type'] !== 'Seq Scan'), `${label} (${mode}): tasks read by index only`, { plan: taskScans })
-        const runsRead = all.filter((node) => node['Relation Name'] === 'runs')
-          .reduce((sum, node) => sum + ((node['Actual Rows'] ?? 0) + (node['Rows Removed by Filter'] ?? 0)) * (node['Actual Loops'] ?? 1), 0)
-        // One run in 7 is blocked: a page of 51 passes over about 7 times as many runs, a few pages' worth, not the table.
-        t.ok(runsRead <= 8 * page.limit * (page.statuses?.length ?? 1), `${label} (${mode}): ${runsRead} of ${RUNS} runs read`)
-      } finally {
-        await db.query('deallocate page')
-      }
+      const plan = await listRunsPlan(db, page, mode)
+      const taskScans = plan.filter((node) => node['Relation Name'] === 'tasks')
+      t.ok(taskScans.length > 0 && taskScans.every((node) => node['Node Type'] !== 'Seq Scan'), `${label} (${mode}): tasks read by index only`, { plan: taskScans })
+      const runsRead = rowsRead(plan, 'runs')
+      // One run in 7 is blocked: a page of 51 passes over about 7 times as many runs, a few pages' worth, not the table.
+      t.ok(runsRead <= 8 * page.limit * (page.statuses?.length ?? 1), `${label} (${mode}): ${runsRead} of ${RUNS} runs read`)
     }
   }
 })

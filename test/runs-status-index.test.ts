@@ -1,7 +1,7 @@
 import type { LightMyRequestResponse } from 'fastify'
 import pg from 'pg'
 import t from 'tap'
-import { listRuns, type PageKey } from '../db/queries.js'
+import { listRunsPlan, rowsRead } from './helpers/plans.js'
 import { build } from './helpers/app.js'
 import { testDatabaseUrl } from './helpers/database.js'
 
@@ -30,54 +30,6 @@ t.before(async () => {
   await db.end()
 })
 
-/** The statement listRuns sends for a page, with its parameter values, taken from a pool that records instead of sending. */
-async function statementOf (page: { limit: number, statuses: string[], after?: PageKey }) {
-  let sent: { text: string, values: unknown[] } | undefined
-  const recorder = {
-    connect: async () => ({
-      query: async (config: { text: string, values: unknown[] }) => {
-        sent = config
-        return { rows: [{ body: '{"runs": []}', next_created_at: null, next_id: null, event_cursor: '0' }] }
-      },
-      release () {}
-    })
-  }
-  await listRuns(recorder as unknown as pg.Pool, page, 0)
-  return sent!
-}
-
-interface PlanNode {
-  'Relation Name'?: string
-  'Actual Rows'?: number
-  'Actual Loops'?: number
-  'Rows Removed by Filter'?: number
-  Plans?: PlanNode[]
-}
-
-/** Rows of runs that the plan's scans read (returned or filtered out), over all their loops. */
-function runsRead (node: PlanNode): number {
-  const own = node['Relation Name'] === 'runs'
-    ? ((node['Actual Rows'] ?? 0) + (node['Rows Removed by Filter'] ?? 0)) * (node['Actual Loops'] ?? 1)
-    : 0
-  return own + (node.Plans ?? []).reduce((sum, child) => sum + runsRead(child), 0)
-}
-
-/** EXPLAIN ANALYZE of the page's statement prepared under `mode` (the service prepares it, so it may run its generic plan). */
-async function rowsRead (db: pg.Client, page: { limit: number, statuses: string[], after?: PageKey }, mode: 'force_custom_plan' | 'force_generic_plan') {
-  const { text, values } = await statementOf(page)
-  const literal = (value: unknown): string => Array.isArray(value)
-    ? `array[${value.map(literal).join(', ')}]::text[]`
-    : typeof value === 'number' ? String(value) : db.escapeLiteral(String(value))
-  await db.query(`set plan_cache_mode = ${mode}`)
-  await db.query(`prepare page as ${text}`)
-  try {
-    const { rows: [plan] } = await db.query(`explain (analyze, format json) execute page(${values.map(literal).join(', ')})`)
-    return runsRead(plan['QUERY PLAN'][0].Plan)
-  } finally {
-    await db.query('deallocate page')
-  }
-}
-
 t.test('a filtered page reads about a page of runs per status, not the table', async (t) => {
   const db = await client()
   t.teardown(() => db.end())
@@ -90,7 +42,7 @@ t.test('a filtered page reads about a page of runs per status, not the table', a
   ]
   for (const { label, page } of cases) {
     for (const mode of ['force_custom_plan', 'force_generic_plan'] as const) {
-      const read = await rowsRead(db, page, mode)
+      const read = rowsRead(await listRunsPlan(db, page, mode), 'runs')
       t.ok(read <= page.statuses.length * (page.limit + 1), `${label} (${mode}): ${read} of ${RUNS} runs read`)
     }
   }
