@@ -41,7 +41,6 @@ export interface EmbeddedPostgres {
 
 const SSL_REQUEST = 80877103
 const GSSENC_REQUEST = 80877104
-const CANCEL_REQUEST = 80877102
 const PROTOCOL_3 = 196608
 const SYNC = new Uint8Array([0x53, 0, 0, 0, 4])
 
@@ -164,7 +163,7 @@ class Connection {
       return null
     }
     if (code !== PROTOCOL_3) {
-      // A CancelRequest (unsupported: one backend cannot be interrupted from outside) or garbage.
+      // A CancelRequest (code 80877102, unsupported: one backend cannot be interrupted from outside) or garbage.
       this.close()
       return undefined
     }
@@ -367,7 +366,8 @@ function lockDataDir (dataDir: string): () => void {
       alive = pid !== process.pid
     } catch {}
     if (alive) {
-      throw new Error(`the embedded database in ${dataDir} is in use by process ${pid}: stop it, or connect through the URL that process logged (DATABASE_URL=...)`)
+      throw new Error(`the embedded database in ${dataDir} is in use by process ${pid}: stop it, or connect through the URL that process logged ` +
+        '(DATABASE_URL=...)')
     }
   }
   writeFileSync(lockFile, String(process.pid))

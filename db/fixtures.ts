@@ -29,25 +29,60 @@ const row = <Properties extends Record<string, TSchema>>(properties: Properties)
 const tables = {
   runs: row({ run_id: Text, goal: Text, summary: TextWithDefault, status: Text, created_at: Timestamp, updated_at: Timestamp }),
   tasks: row({
-    run_id: Text, task_id: Text, title: Text, summary: TextWithDefault, status: Text, default_to: OptionalText, priority: Text,
-    acceptance_json: AnyJson, latest_attempt_no: Type.Optional(Type.Union([Type.Integer(), Type.Null()])), created_at: Timestamp, updated_at: Timestamp
+    run_id: Text,
+    task_id: Text,
+    title: Text,
+    summary: TextWithDefault,
+    status: Text,
+    default_to: OptionalText,
+    priority: Text,
+    acceptance_json: AnyJson,
+    latest_attempt_no: Type.Optional(Type.Union([Type.Integer(), Type.Null()])),
+    created_at: Timestamp,
+    updated_at: Timestamp
   }),
   task_attempts: row({
-    run_id: Text, task_id: Text, attempt_no: Type.Integer(), assigned_to: Text, thread_id: Text, base_ref: OptionalText, base_commit: OptionalText,
-    branch_name: OptionalText, worktree_path: OptionalText, workspace_status: OptionalText, result_commit: OptionalText, status: Text,
-    created_at: Timestamp, updated_at: Timestamp
+    run_id: Text,
+    task_id: Text,
+    attempt_no: Type.Integer(),
+    assigned_to: Text,
+    thread_id: Text,
+    base_ref: OptionalText,
+    base_commit: OptionalText,
+    branch_name: OptionalText,
+    worktree_path: OptionalText,
+    workspace_status: OptionalText,
+    result_commit: OptionalText,
+    status: Text,
+    created_at: Timestamp,
+    updated_at: Timestamp
   }),
   threads: row({
-    thread_id: Text, run_id: Text, task_id: Text, subject: Text, created_by: Text, assigned_to: Text, status: Text, priority: Text,
-    latest_message_id: OptionalText, created_at: Timestamp, updated_at: Timestamp
+    thread_id: Text,
+    run_id: Text,
+    task_id: Text,
+    subject: Text,
+    created_by: Text,
+    assigned_to: Text,
+    status: Text,
+    priority: Text,
+    latest_message_id: OptionalText,
+    created_at: Timestamp,
+    updated_at: Timestamp
   }),
   messages: row({
     message_id: Text, thread_id: Text, from_agent: Text, to_agent: Text, kind: Text, summary: Text, body: Text, payload_json: AnyJson, created_at: Timestamp
   }),
   artifacts: row({ artifact_id: Text, message_id: Text, path: Text, kind: Text, metadata_json: AnyJson, created_at: Timestamp }),
   events: row({
-    event_id: Type.Integer({ minimum: 1 }), event_type: Text, run_id: TextWithDefault, task_id: TextWithDefault, thread_id: TextWithDefault,
-    summary: TextWithDefault, payload: Type.Optional(AnyJson), created_at: Timestamp
+    event_id: Type.Integer({ minimum: 1 }),
+    event_type: Text,
+    run_id: TextWithDefault,
+    task_id: TextWithDefault,
+    thread_id: TextWithDefault,
+    summary: TextWithDefault,
+    payload: Type.Optional(AnyJson),
+    created_at: Timestamp
   })
 }
 
@@ -82,7 +117,9 @@ function pathOf (pointer: string, property?: string): string {
 
 function describe (error: ErrorObject): string {
   if (error.keyword === 'required') return `${pathOf(error.instancePath, (error.params as { missingProperty: string }).missingProperty)} is required`
-  if (error.keyword === 'additionalProperties') return `${pathOf(error.instancePath, (error.params as { additionalProperty: string }).additionalProperty)} is not a column of this table`
+  if (error.keyword === 'additionalProperties') {
+    return `${pathOf(error.instancePath, (error.params as { additionalProperty: string }).additionalProperty)} is not a column of this table`
+  }
   return `${pathOf(error.instancePath)} ${error.message!}`
 }
 
@@ -104,21 +141,41 @@ export function parseFixture (text: string): Fixture {
  * one is reported by its path. `key` is the key a row points at, in a form
  * that compares equal to the same key of the target row.
  */
-const references: Array<{ table: Table, target: Table, key: (row: Row) => string, describe: string, inDatabase: (trx: Transaction<Database>, row: Row) => Promise<unknown> }> = [
+interface Reference {
+  table: Table
+  target: Table
+  key: (row: Row) => string
+  describe: string
+  inDatabase: (trx: Transaction<Database>, row: Row) => Promise<unknown>
+}
+const references: Reference[] = [
   {
-    table: 'tasks', target: 'runs', key: (r) => JSON.stringify([r.run_id]), describe: 'run_id names no run',
+    table: 'tasks',
+    target: 'runs',
+    key: (r) => JSON.stringify([r.run_id]),
+    describe: 'run_id names no run',
     inDatabase: (trx, r) => trx.selectFrom('runs').select('run_id').where('run_id', '=', r.run_id as string).executeTakeFirst()
   },
   {
-    table: 'task_attempts', target: 'tasks', key: (r) => JSON.stringify([r.run_id, r.task_id]), describe: 'run_id and task_id name no task',
-    inDatabase: (trx, r) => trx.selectFrom('tasks').select('task_id').where('run_id', '=', r.run_id as string).where('task_id', '=', r.task_id as string).executeTakeFirst()
+    table: 'task_attempts',
+    target: 'tasks',
+    key: (r) => JSON.stringify([r.run_id, r.task_id]),
+    describe: 'run_id and task_id name no task',
+    inDatabase: (trx, r) => trx.selectFrom('tasks').select('task_id')
+      .where('run_id', '=', r.run_id as string).where('task_id', '=', r.task_id as string).executeTakeFirst()
   },
   {
-    table: 'messages', target: 'threads', key: (r) => JSON.stringify([r.thread_id]), describe: 'thread_id names no thread',
+    table: 'messages',
+    target: 'threads',
+    key: (r) => JSON.stringify([r.thread_id]),
+    describe: 'thread_id names no thread',
     inDatabase: (trx, r) => trx.selectFrom('threads').select('thread_id').where('thread_id', '=', r.thread_id as string).executeTakeFirst()
   },
   {
-    table: 'artifacts', target: 'messages', key: (r) => JSON.stringify([r.message_id]), describe: 'message_id names no message',
+    table: 'artifacts',
+    target: 'messages',
+    key: (r) => JSON.stringify([r.message_id]),
+    describe: 'message_id names no message',
     inDatabase: (trx, r) => trx.selectFrom('messages').select('message_id').where('message_id', '=', r.message_id as string).executeTakeFirst()
   }
 ]
@@ -126,7 +183,8 @@ const references: Array<{ table: Table, target: Table, key: (row: Row) => string
 const JSON_COLUMNS = new Set(['acceptance_json', 'payload_json', 'metadata_json', 'payload'])
 
 /** A row as the driver should send it: JSON columns as JSON text (pg would turn a JS array into a Postgres array). */
-const toDatabase = (entry: Row): Row => Object.fromEntries(Object.entries(entry).map(([column, value]) => [column, JSON_COLUMNS.has(column) ? JSON.stringify(value ?? null) : value]))
+const toDatabase = (entry: Row): Row => Object.fromEntries(Object.entries(entry)
+  .map(([column, value]) => [column, JSON_COLUMNS.has(column) ? JSON.stringify(value ?? null) : value]))
 
 export interface LoadOutcome {
   /** Rows written per table; rows whose key already existed are not counted. */
@@ -142,7 +200,9 @@ export async function loadFixture (db: Writer, fixture: Fixture): Promise<LoadOu
       for (const [index, entry] of (fixture[reference.table] ?? []).entries()) {
         const key = reference.key(entry)
         if (known.has(key)) continue
-        if (await reference.inDatabase(trx, entry) === undefined) throw new FixtureError(`${reference.table}[${index}]: ${reference.describe} (neither in the fixture nor in the database)`)
+        if (await reference.inDatabase(trx, entry) === undefined) {
+          throw new FixtureError(`${reference.table}[${index}]: ${reference.describe} (neither in the fixture nor in the database)`)
+        }
         known.add(key)
       }
     }

@@ -41,7 +41,7 @@ function jsonValue (property: PropertySchema, column: Expression<unknown>): RawB
  * which have no column, come from `nested` (an optional one not given is
  * omitted, a required one refused). Concatenated rather than built as
  * jsonb: each value is written once, where jsonb would build, sort, strip
- * and print the object again (BENCHMARKS.md, "Bodies built as JSON text").
+ * and print the object again.
  * An optional field's `, "key": value` piece is NULL when its column is,
  * and concat() leaves NULLs out. Required fields come first, so that the object opens
  * with one and no piece needs its leading separator removed.

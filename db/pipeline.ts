@@ -8,15 +8,15 @@ import pg from 'pg'
  * every read wakes a Postgres backend of its own. In pg's pipeline mode a
  * connection carries several statements at once (each with its own Sync,
  * so one that fails fails alone), and a backend answers those that
- * queued while it worked without going back to sleep. Measured on two
- * cores (BENCHMARKS.md, "A small run detail"): a sixth more reads a
- * second, and a p99 of 13 to 15 ms where the pool's was 110 to 180.
+ * queued while it worked without going back to sleep: more reads a
+ * second, and no read waiting for a free connection (BENCHMARKS.md, "A
+ * small run detail against its statement").
  *
  * The reads of one turn of the event loop (db/statement.ts sends them
  * together, in batch()) go to one connection, up to TURN_BATCH_MAX, whose
  * socket is corked meanwhile: their statements leave in one write system
- * call rather than one each, the service's largest single cost per read
- * on two cores (BENCHMARKS.md, "A small run detail").
+ * call rather than one each: a write system call, which also wakes its
+ * reader, is the service's largest single cost per read.
  *
  * The price is head-of-line waiting: a statement queued behind a slow one
  * on the same connection waits for it. A turn's reads go to the connection

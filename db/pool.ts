@@ -43,8 +43,7 @@ const CLIENT_TIMEOUT_MARGIN_MS = 1000
  * are read in UTC. JIT compilation is off: every statement here reads a
  * few rows by index, and the planner's cost estimate over a partitioned
  * log (an index scan per partition) crossed jit_above_cost for the
- * poller's read, whose 2 ms then took 25 ms more to compile
- * (BENCHMARKS.md, "Holes").
+ * poller's read, which then spent far longer compiling than running.
  */
 export function createReadPool (options: ReadPoolOptions): ReadPool {
   const connection: pg.ClientConfig = {

@@ -273,7 +273,11 @@ for (const after of [false, true]) {
   }
 }
 
-/** listRuns: newest first (created_at desc, run_id desc), each with its task counts; only runs in `statuses` when given, only runs with a blocked task when `blocked`. */
+/**
+ * listRuns: newest first (created_at desc, run_id desc), each with its task
+ * counts; only runs in `statuses` when given, only runs with a blocked task
+ * when `blocked`.
+ */
 export async function listRuns (pool: pg.Pool, page: Page & RunFilters & { limit: number }, known: number): Promise<PagedBody> {
   const { limit, after, statuses, blocked = false } = page
   const statement = listRunsStatements.get(shapeOf(after !== undefined, statuses !== undefined, blocked))!
@@ -307,7 +311,8 @@ function listRunTasksQuery (known: number, runId: string, limit: number, limitPl
     .groupBy('r.run_id')
 }
 
-const listRunTasksFirst = new Statement(4, (known: number, runId: string, limit: number, limitPlusOne: number) => listRunTasksQuery(known, runId, limit, limitPlusOne))
+const listRunTasksFirst = new Statement(4,
+  (known: number, runId: string, limit: number, limitPlusOne: number) => listRunTasksQuery(known, runId, limit, limitPlusOne))
 const listRunTasksAfter = new Statement(6, (known: number, runId: string, limit: number, limitPlusOne: number, createdAt: string, id: string) =>
   listRunTasksQuery(known, runId, limit, limitPlusOne, { createdAt, id }))
 
@@ -317,7 +322,8 @@ export async function listRunTasks (pool: pg.Pool, runId: string, page: Page, kn
   const { after } = page
   const row = after === undefined
     ? await queryRow<PageRow, [number, string, number, number]>(pool, listRunTasksFirst, known, runId, limit, limit + 1)
-    : await queryRow<PageRow, [number, string, number, number, string, string]>(pool, listRunTasksAfter, known, runId, limit, limit + 1, after.createdAt, after.id)
+    : await queryRow<PageRow, [number, string, number, number, string, string]>(
+      pool, listRunTasksAfter, known, runId, limit, limit + 1, after.createdAt, after.id)
   return row === undefined ? undefined : toPagedBody(row)
 }
 

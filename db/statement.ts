@@ -30,7 +30,7 @@ const placeholder = (i: number) => `\u0000argument ${i}\u0000`
  * read's arguments, and run as a prepared statement named after that text:
  * Postgres parses and plans it once per connection rather than once per
  * request, and no request pays for building and compiling the query
- * (BENCHMARKS.md: together, most of a small run detail's cost).
+ * (when each request did both, they were most of a small read's cost).
  */
 export class Statement<Args extends unknown[]> {
   readonly name: string
@@ -153,13 +153,21 @@ export function queryRow<Row extends pg.QueryResultRow, Args extends unknown[]> 
   return gatheringOf(pool).read<Row>(statement as Statement<unknown[]>, statement.values(args))
 }
 
-/** The statement's first row, frozen: the reads that shared it all hold it. `closed` is called once a connection is had (or refused), before the statement is sent. */
-async function execute<Row extends pg.QueryResultRow> (pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[], closed: () => void): Promise<Row | undefined> {
+/**
+ * The statement's first row, frozen: the reads that shared it all hold it.
+ * `closed` is called once a connection is had (or refused), before the
+ * statement is sent.
+ */
+async function execute<Row extends pg.QueryResultRow> (
+  pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[], closed: () => void
+): Promise<Row | undefined> {
   const row = await firstRow<Row>(pool, statement, values, closed)
   return row === undefined ? undefined : Object.freeze(row)
 }
 
-async function firstRow<Row extends pg.QueryResultRow> (pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[], closed: () => void): Promise<Row | undefined> {
+async function firstRow<Row extends pg.QueryResultRow> (
+  pool: pg.Pool, statement: Statement<unknown[]>, values: unknown[], closed: () => void
+): Promise<Row | undefined> {
   if (pool instanceof ReadPool && pool.pipeline !== undefined) {
     return await pool.pipeline.run((client) => rowOf<Row>(client, statement, values), closed)
   }

@@ -80,13 +80,25 @@ export async function dispatchTask (
   thread: Omit<Insertable<ThreadsTable>, 'run_id' | 'task_id' | 'thread_id'>
 ): Promise<number> {
   const { run_id: runId, task_id: taskId, thread_id: threadId } = attempt
-  await recordChange(db, { event_type: 'task_dispatched', run_id: runId, task_id: taskId, thread_id: threadId, summary: `attempt ${attempt.attempt_no} to ${attempt.assigned_to}` }, async (trx) => {
+  await recordChange(db, {
+    event_type: 'task_dispatched',
+    run_id: runId,
+    task_id: taskId,
+    thread_id: threadId,
+    summary: `attempt ${attempt.attempt_no} to ${attempt.assigned_to}`
+  }, async (trx) => {
     await trx.insertInto('threads').values({ ...thread, run_id: runId, task_id: taskId, thread_id: threadId }).execute()
     await trx.insertInto('task_attempts').values(attempt).execute()
     await trx.updateTable('tasks').set({ status: 'dispatched', latest_attempt_no: attempt.attempt_no, updated_at: now() })
       .where('run_id', '=', runId).where('task_id', '=', taskId).execute()
   })
-  return recordChange(db, { event_type: 'thread_claim', run_id: runId, task_id: taskId, thread_id: threadId, summary: `${attempt.assigned_to} claimed the thread` }, async (trx) => {
+  return recordChange(db, {
+    event_type: 'thread_claim',
+    run_id: runId,
+    task_id: taskId,
+    thread_id: threadId,
+    summary: `${attempt.assigned_to} claimed the thread`
+  }, async (trx) => {
     await trx.updateTable('threads').set({ status: 'claimed', updated_at: now() }).where('thread_id', '=', threadId).execute()
   })
 }
@@ -108,7 +120,14 @@ export function postMessage (
   artifacts: Array<Insertable<ArtifactsTable>> = []
 ): Promise<number> {
   const eventType = MESSAGE_EVENTS[message.kind] ?? 'thread_update'
-  return recordChange(db, { event_type: eventType, run_id: thread.run_id, task_id: thread.task_id, thread_id: message.thread_id, summary: message.summary, payload: { kind: message.kind, message_id: message.message_id } }, async (trx) => {
+  return recordChange(db, {
+    event_type: eventType,
+    run_id: thread.run_id,
+    task_id: thread.task_id,
+    thread_id: message.thread_id,
+    summary: message.summary,
+    payload: { kind: message.kind, message_id: message.message_id }
+  }, async (trx) => {
     await trx.insertInto('messages').values(message).execute()
     if (artifacts.length > 0) await trx.insertInto('artifacts').values(artifacts).execute()
     await trx.updateTable('threads').set({ latest_message_id: message.message_id, updated_at: now() }).where('thread_id', '=', message.thread_id).execute()
@@ -124,7 +143,9 @@ export async function blockOnQuestion (db: Writer, thread: { run_id: string, tas
 /** Answers the question that blocks a task: the answer message, then task_answered and status `running`. */
 export async function answerQuestion (db: Writer, thread: { run_id: string, task_id: string }, answer: Insertable<MessagesTable>): Promise<number> {
   await postMessage(db, thread, { ...answer, kind: 'answer' })
-  return recordChange(db, { event_type: 'task_answered', run_id: thread.run_id, task_id: thread.task_id, thread_id: answer.thread_id, summary: answer.summary }, async (trx) => {
+  return recordChange(db, {
+    event_type: 'task_answered', run_id: thread.run_id, task_id: thread.task_id, thread_id: answer.thread_id, summary: answer.summary
+  }, async (trx) => {
     await trx.updateTable('tasks').set({ status: 'running', updated_at: now() })
       .where('run_id', '=', thread.run_id).where('task_id', '=', thread.task_id).execute()
   })

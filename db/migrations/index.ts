@@ -16,6 +16,7 @@ import * as eventsSettledInlined from './0014_events_settled_inlined.js'
 import * as eventsForksAndLease from './0015_events_forks_and_lease.js'
 import * as summariesDefaultEmpty from './0016_summaries_default_empty.js'
 import * as leastPrivilege from './0017_least_privilege.js'
+import * as eventsSettleMarkAtSettled from './0018_events_settle_mark_at_settled.js'
 
 /**
  * Every migration, by name; names sort in the order they apply. Listed here
@@ -43,5 +44,6 @@ export const migrations: Record<string, Migration> = {
   '0014_events_settled_inlined': eventsSettledInlined,
   '0015_events_forks_and_lease': eventsForksAndLease,
   '0016_summaries_default_empty': summariesDefaultEmpty,
-  '0017_least_privilege': leastPrivilege
+  '0017_least_privilege': leastPrivilege,
+  '0018_events_settle_mark_at_settled': eventsSettleMarkAtSettled
 }

@@ -28,7 +28,8 @@
 --
 -- The settle mark, events_settle_mark, is raised by the keeper at each tick
 -- to the lowest id a writer in flight may still draw, so a writer's own ids
--- are always above it. It is a sequence rather than a column because setval
+-- are always above it, and then to the settled position the tick publishes,
+-- if higher (keeper.sql). It is a sequence rather than a column because setval
 -- takes effect for every session at once (not at the keeper's commit), is
 -- never rolled back, and is read without a snapshot or a row lock: the
 -- census that follows a raise knows that every later check sees it. The

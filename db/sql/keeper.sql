@@ -1,102 +1,45 @@
 -- The keeper: the one statement that works out how far the event log is
--- settled, and publishes it for every reader.
---
--- What it guarantees. event_log_state.settled is the settled position:
--- every event id at or below it is visible to any snapshot that sees the
--- row, or will never commit. Readers (readers.sql) read it in the same
--- statement as the events, on the primary or on a hot standby, starting or
--- running, and never go past it (beyond the visible ids just above it). So
--- no reader moves past an id that commits later, though writers commit ids
--- out of order and nothing makes them wait.
---
--- Who runs it: the replica that holds the keeper's lease (keeper, term and
--- keeper_until in event_log_state), on the primary, every
--- EVENTS_CLOCK_INTERVAL_MS, and within about 10 ms when a reader waits on
--- a hole (an id drawn and not visible). events_take_lease() gives the
--- lease, with a new term, to a replica when it is free or has expired;
--- each tick renews it. A tick given a keeper and a term that no longer
--- hold the lease publishes nothing and says so (leads false): a keeper
--- that stopped (frozen, cut off, its host gone) and comes back is fenced
--- off, and another replica has taken over once the lease expired. Ticks
--- lock the row first, so ticks from any process follow one another, each
--- given the census of the one before; a call without a keeper (an
--- operator's, a replica of an older version's) ticks like any other.
---
--- The census (events_census): who may still commit an id. The writers in
--- flight are the transactions holding the id sequence's ROW EXCLUSIVE lock
--- (event-ids.sql). Postgres does not record which ids each one drew, so a
--- census is given the one before it (kept in event_log_state):
---
--- - a holder seen then keeps its bounds;
--- - a holder not seen then took the lock after that census read pg_locks,
---   so it draws above that census's sequence value (its draw bound), and
---   its inserts were checked against that census's mark or a later one
---   (its late bound: the lowest id it may insert without having drawn it);
--- - a prepared transaction not recognized is either a holder seen then
---   before it had a transaction id (recorded without one, and gone under
---   its virtual id since), or one not seen then: it gets the lowest bounds
---   of those; with no census before (the first tick, after a fork or a
---   rewind), the position published while it was counted.
---
--- A holder is recorded as 'virtual id:transaction id' and recognized by
--- either: a writer may take its transaction id after a census, and PREPARE
--- TRANSACTION gives it another virtual id. Nothing depends on transaction
--- ids otherwise: a writer that drew before it took one is counted like any
--- other. The census reads the mark, then the sequence, then pg_locks: that
--- order is what makes it sound. It reads the sequences as relations, never
--- with pg_sequence_last_value(), which would take the very lock it counts.
+-- settled, and publishes it for every reader. What the settled position
+-- guarantees, the census, the settle mark, the lease and how long a hole
+-- waits are stated once, in docs/stream.md, "How the event order is
+-- settled"; this header says only what reading the SQL needs.
 --
 -- A tick (events_keep_order), one statement, one transaction:
 --
--- 1. The row, locked; the lease checked; the ids made safe on this server
---    (forks.sql), and a fork recorded on the first tick after one: a new
---    epoch from the fork's position, the ids skipped recorded in
---    `reissued` (a cursor in them answers 410), the census started over
---    above them.
--- 2. A sequence moved back below the last census (setval, ALTER SEQUENCE
---    ... RESTART) is moved forward again (forks.sql) and the census starts
---    over from the settled position: ids were handed out that the census
---    took for drawn before.
--- 3. A census; the settle mark raised to the lowest id a writer in flight
---    may still draw (no writer's own id is at or below it); a census again,
---    so that the holders it finds new are bounded by fresh values.
+-- 1. The row locked; the lease checked (a tick given a keeper and a term
+--    that no longer hold it publishes nothing, leads false); the ids made
+--    safe on this server and a fork recorded as a new epoch (forks.sql).
+-- 2. A sequence moved back below the last census is moved forward again
+--    (forks.sql), and the census starts over from the settled position.
+-- 3. A census (events_census); the settle mark raised to the lowest id a
+--    writer in flight may still draw; a census again, so that the holders
+--    it finds new are bounded by fresh values.
 -- 4. settled := the lowest of the mark in effect when that census read
---    pg_locks, the sequence's value, and every holder's bounds; never lower
---    than before; then extended over the run of visible ids just above it
---    (up to 100,000 a tick), so that a transaction that holds the
---    sequence's lock without having drawn (a reader of pg_sequences left
---    idle) holds back no reader that starts.
--- 5. The row written and committed synchronously, even where
---    synchronous_commit is off: a hole is published as settled only once
---    the sequence's record of it is on disk, so a crash never hands it out
+--    pg_locks, the sequence's value and every holder's bounds, never lower
+--    than before, extended over the run of visible ids above it (100,000 a
+--    tick); the settle mark raised to it.
+-- 5. The row written, committed synchronously even where
+--    synchronous_commit is off: a crash never hands a published hole out
 --    again.
 --
--- A hole is settled by the first tick after its writer ended when no other
--- writer is in flight, else by the second; or by the first when the tick
--- pauses (pause_ms) before each of its later censuses, long enough for the
--- short writers of the census before to end (the keeper pauses when a
--- reader waits on a hole). A writer that took the lock before the mark
--- passed a hole (because an older writer was still in flight) may insert
--- that id, drawn by another transaction, so the hole waits for it too.
+-- Why the census is written as it is:
+-- - it reads the mark, then the sequence, then pg_locks: that order is
+--   what makes it sound;
+-- - it reads the sequences as relations, never with
+--   pg_sequence_last_value(), which would take the very lock it counts;
+-- - a holder is recorded as 'virtual id:transaction id' and recognized by
+--   either: a writer may take its transaction id after a census, and
+--   PREPARE TRANSACTION gives it another virtual id.
 --
 -- The clock columns (clock_value, clock_xid, clock_at) are still written,
 -- for replicas of an older version during a rolling deploy
 -- (older-replicas.sql); nothing here reads them.
 --
--- Security definer: a tick reads the sequences and pg_prepared_xacts and
--- writes the mark and event_log_state whatever role calls it. Like every
--- security definer function here, it searches the schema, then pg_temp,
--- last ("set search_path = public, pg_temp", as Postgres's "Writing
--- SECURITY DEFINER Functions Safely" asks): neither a caller's own
--- search_path nor its temporary objects can stand in for ours. The
--- keeper's functions, events_timeline() among them, are not executable by
--- public: only their owner (the role that migrates, the one DATABASE_URL
--- names) keeps the log, and a login that can read nothing can neither take
--- the lease nor hold the row (which only the owner may lock). The keeper's
--- connection waits on a lock a quarter of its lease at most (lock_timeout,
--- events/upkeep/keeper.ts), so a session of the owner's left idle with the
--- row locked fails the tick, with a warning naming it and a metric, rather
--- than holding it for ever.
+-- Security definer, with "set search_path = public, pg_temp" (Postgres's
+-- "Writing SECURITY DEFINER Functions Safely"), and executable by the
+-- owner alone: a login that can read nothing can neither take the lease
+-- nor hold the row. The keeper's lock_timeout (events/keeper/keeper.ts)
+-- bounds how long a tick waits on a session that holds it.
 --
 -- Not a migration: a change is made by a new migration, then copied here
 -- (test/sql-definitions.test.ts fails while the two differ).
@@ -278,6 +221,10 @@ begin
         and not exists (select 1 from events n where n.event_id = e.event_id + 1)
       order by e.event_id limit 1;
     settled := coalesce(reached, settled + walk);
+  end if;
+  -- The mark raised to it: no writer in flight may insert an id at or below it (the census bounds each above it, the run over it is visible; docs/stream.md, "How the event order is settled").
+  if settled > b.mark then
+    perform setval('events_settle_mark', settled, true);
   end if;
 
   update event_log_state set

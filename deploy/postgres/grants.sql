@@ -13,7 +13,7 @@ grant execute on function stream_token_key() to ocp_reader;
 
 -- ocp_writer: the orchestrator. Its tables, and the events it appends
 -- (docs/orchestrators.md), with the id sequence they draw from; nothing
--- of the event log's upkeep, nor the key.
+-- of the event log's keeper, nor the key.
 grant select, insert, update, delete on runs, tasks, task_attempts, threads, messages, artifacts to ocp_writer;
 grant select, insert on events to ocp_writer;
 grant usage on sequence events_event_id_seq to ocp_writer;
