@@ -26,6 +26,9 @@ if (import.meta.url.endsWith('.ts')) process.env.FASTIFY_AUTOLOAD_TYPESCRIPT ??=
 
 const malformedRequestBody = JSON.stringify(badRequest('malformed HTTP request').toBody())
 
+/** How long a plugin may take to start before the start fails naming it. */
+export const PLUGIN_TIMEOUT_MS = 120_000
+
 export interface BuildOptions {
   logger?: FastifyServerOptions['logger']
   /** @fastify/otel's plugin, when tracing is on (tracing.ts). */
@@ -64,6 +67,11 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
     childLoggerFactory: requestLogger,
     // Answered by plugins/app/shutdown.ts, with the envelope.
     return503OnClosing: false,
+    // Fastify's default of 10 s for a plugin to start is less than the
+    // embedded database's start, or two connection checks, can take on a
+    // busy host: each plugin's waits have limits of their own
+    // (DB_CONNECT_TIMEOUT_MS), and this one only names a plugin that hangs.
+    pluginTimeout: PLUGIN_TIMEOUT_MS,
     // Slow or silent clients: the whole request must arrive within
     // REQUEST_TIMEOUT_MS, and a socket silent both ways for
     // CONNECTION_TIMEOUT_MS is closed (an idle event stream writes a

@@ -102,8 +102,15 @@ export class DemoOrchestrator {
   async #closeRun (run: DemoRun): Promise<string> {
     this.#runs.splice(this.#runs.indexOf(run), 1)
     const done = run.tasks.filter((task) => task.stage === 'done').length
-    await recordChange(this.db, { event_type: 'council_tallied', run_id: run.id, summary: `${done} of ${run.tasks.length} tasks accepted`, payload: { approve: done, reject: run.tasks.length - done } })
-    await recordChange(this.db, { event_type: 'council_report_persisted', run_id: run.id, summary: 'Council report saved', payload: { path: `reports/${run.id}.md` } })
+    await recordChange(this.db, {
+      event_type: 'council_tallied',
+      run_id: run.id,
+      summary: `${done} of ${run.tasks.length} tasks accepted`,
+      payload: { approve: done, reject: run.tasks.length - done }
+    })
+    await recordChange(this.db, {
+      event_type: 'council_report_persisted', run_id: run.id, summary: 'Council report saved', payload: { path: `reports/${run.id}.md` }
+    })
     await setRunStatus(this.db, run.id, done === run.tasks.length ? 'done' : 'failed', `Finished: ${done}/${run.tasks.length} tasks done`)
     return `closed ${run.id}`
   }
@@ -111,7 +118,14 @@ export class DemoOrchestrator {
   async #advance (run: DemoRun, task: DemoTask): Promise<string> {
     const where = { run_id: run.id, task_id: task.id }
     const message = (kind: string, summary: string, body: string, payload: unknown = {}) => ({
-      message_id: this.#id('msg'), thread_id: task.thread!, from_agent: kind === 'answer' ? 'orchestrator' : 'worker', to_agent: kind === 'answer' ? 'worker' : 'orchestrator', kind, summary, body, payload_json: JSON.stringify(payload)
+      message_id: this.#id('msg'),
+      thread_id: task.thread!,
+      from_agent: kind === 'answer' ? 'orchestrator' : 'worker',
+      to_agent: kind === 'answer' ? 'worker' : 'orchestrator',
+      kind,
+      summary,
+      body,
+      payload_json: JSON.stringify(payload)
     })
     switch (task.stage) {
       case 'added':
@@ -124,7 +138,17 @@ export class DemoOrchestrator {
         task.thread = this.#id('thread')
         const worker = this.#pick(WORKERS)
         await dispatchTask(this.db,
-          { run_id: run.id, task_id: task.id, attempt_no: task.attempt, assigned_to: worker, thread_id: task.thread, status: 'running', base_ref: 'main', branch_name: `task/${task.id}-${task.attempt}`, workspace_status: 'clean' },
+          {
+            run_id: run.id,
+            task_id: task.id,
+            attempt_no: task.attempt,
+            assigned_to: worker,
+            thread_id: task.thread,
+            status: 'running',
+            base_ref: 'main',
+            branch_name: `task/${task.id}-${task.attempt}`,
+            workspace_status: 'clean'
+          },
           { subject: task.title, created_by: 'orchestrator', assigned_to: worker, status: 'open', priority: 'normal' })
         task.stage = 'dispatched'
         break
@@ -134,7 +158,8 @@ export class DemoOrchestrator {
         task.stage = 'running'
         break
       case 'blocked': {
-        await answerQuestion(this.db, where, message('answer', 'Answered: go ahead with the first option', 'Use the first option; note it in the runbook.', { decision: 'first' }))
+        await answerQuestion(this.db, where, message('answer', 'Answered: go ahead with the first option', 'Use the first option; note it in the ' +
+          'runbook.', { decision: 'first' }))
         task.stage = 'running'
         break
       }
@@ -152,7 +177,13 @@ export class DemoOrchestrator {
         } else {
           const result = message('result', 'Done: all checks green', 'Pushed the branch; every check passed.', { checks: 12, failed: 0 })
           await postMessage(this.db, where, result, [
-            { artifact_id: this.#id('artifact'), message_id: result.message_id, path: `reports/${task.id}.md`, kind: 'report', metadata_json: JSON.stringify({ lines: 120 }) }
+            {
+              artifact_id: this.#id('artifact'),
+              message_id: result.message_id,
+              path: `reports/${task.id}.md`,
+              kind: 'report',
+              metadata_json: JSON.stringify({ lines: 120 })
+            }
           ])
           await setTaskStatus(this.db, run.id, task.id, 'done', 'Accepted')
           task.stage = 'done'
@@ -191,7 +222,7 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
     }
     process.once('SIGINT', () => { void stop() })
     process.once('SIGTERM', () => { void stop() })
-    while (!stopping) {
+    while (!stopping) { // eslint-disable-line no-unmodified-loop-condition -- set by stop(), on a signal
       try {
         app.log.info(`demo: ${await orchestrator.step()}`)
       } catch (err) {

@@ -46,22 +46,25 @@ export class UnauthorizedError extends ApiError {
   constructor (message: string, tokenPresented: boolean) {
     super('unauthorized', message)
     // A quoted-string: the messages are plain words, but a quote or backslash must never end it early.
-    this.challenge = tokenPresented ? `Bearer realm="ocp-api", error="invalid_token", error_description="${message.replace(/["\\]/g, "'")}"` : 'Bearer realm="ocp-api"'
+    this.challenge = tokenPresented
+      ? `Bearer realm="ocp-api", error="invalid_token", error_description="${message.replace(/["\\]/g, "'")}"`
+      : 'Bearer realm="ocp-api"'
   }
 }
 
 /** An identity provider that could not be reached to check a token: worth retrying. */
-export const identityProviderUnavailable = (issuer: string) => new ApiError('unavailable', `the identity provider ${issuer} could not be reached to check the token; try again shortly`)
+export const identityProviderUnavailable = (issuer: string) => new ApiError('unavailable', `the identity provider ${issuer} could not be reached ` +
+  'to check the token; try again shortly')
 
 /** What the limits on open connections count (events/limits.ts): event streams (SSE, on either route) and Durable Streams long-polls. */
 export type LimitedKind = 'stream' | 'long-poll'
 
-/** Which limit refused: the instance's (SSE_MAX_STREAMS, STREAMS_MAX_LONG_POLLS), or the caller's share of it (the *_PER_CALLER settings). */
+/** Which limit refused: the instance's (SSE_MAX_STREAMS, DURABLE_STREAMS_MAX_LONG_POLLS), or the caller's share of it (the *_PER_CALLER settings). */
 export type LimitReason = 'instance' | 'caller'
 
 const LIMITED = {
   stream: { what: 'event streams', setting: 'SSE_MAX_STREAMS_PER_CALLER' },
-  'long-poll': { what: 'long-polls', setting: 'STREAMS_MAX_LONG_POLLS_PER_CALLER' }
+  'long-poll': { what: 'long-polls', setting: 'DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER' }
 } as const
 
 /**
@@ -119,7 +122,8 @@ export function unknownParameter (name: string, accepted: readonly string[]): Ap
  */
 export const hostNotAllowed = (host: string | undefined) => new ApiError('misdirected_request', host === undefined
   ? 'a request without a Host header is not answered while authentication is off'
-  : `the Host ${JSON.stringify(host.length > MAX_NAME_SHOWN ? `${host.slice(0, MAX_NAME_SHOWN)}…` : host)} is not one this service answers to while authentication is off: the operator may add it to ALLOWED_HOSTS`)
+  : `the Host ${JSON.stringify(host.length > MAX_NAME_SHOWN ? `${host.slice(0, MAX_NAME_SHOWN)}…` : host)} is not one this service answers to ` +
+    'while authentication is off: the operator may add it to ALLOWED_HOSTS')
 
 /** A write to a path of the read-only API: `allowed` is what the path serves (none when no route serves it). */
 export function methodNotAllowed (method: string, allowed: readonly string[]): ApiError {
@@ -128,40 +132,71 @@ export function methodNotAllowed (method: string, allowed: readonly string[]): A
     : `${method} is not allowed: the API is read-only (this path answers ${allowed.join(', ')}); the orchestrator writes the state it serves`)
 }
 
-/** An event cursor (`name`) below the history's floor: events after it are gone (docs/reference.md, "Event history"). */
-export const cursorExpired = (name: string, cursor: number, floor: number) => new ApiError('cursor_expired',
-  `${name} ${cursor} is older than the event history kept (events up to ${floor} are gone): refetch what you show, then resume from the X-Event-Cursor of that read`)
-
 /**
- * An event cursor inside a range of ids skipped after a failover or a crash
- * (after `after`, through `through`): no event of the database has one, so
- * the events it saw are gone. 410, like an expired one; the Durable Streams
- * routes say it in their own words.
+ * The errors of a client's position that cannot be served as it stands
+ * (events/reader.ts, assertPositionKept), each in the words of what the
+ * client sent: an event id (eventIdErrorsNamed) or a Durable Streams
+ * offset (offsetErrors).
  */
-export class CursorLostError extends ApiError {
-  constructor (name: string, cursor: number, after: number, through: number) {
-    super('cursor_expired', `${name} ${cursor} may name an event the database lost in a failover or a crash (it has no event after ${after} up to ${through}): refetch what you show, then resume from the X-Event-Cursor of that read`)
+export interface PositionErrors {
+  /** Below the history's floor (docs/reference.md, "Event history"): 410. */
+  expired: (position: number, floor: number) => ApiError
+  /**
+   * Inside a range of ids skipped after a failover or a crash (after
+   * `after`, through `through`): no event of the database has one, so the
+   * events it saw are gone. 410, like an expired one.
+   */
+  lost: (position: number, after: number, through: number) => ApiError
+  /**
+   * Read while the database may have lost commits that its keeper has not recorded yet
+   * (a standby just promoted, a server restarted after a crash): 503.
+   */
+  lossPending: () => ApiError
+  /**
+   * Above every id the event log has handed out (Kubernetes' "too large
+   * resource version"): no event ever had it, so waiting for one would be
+   * waiting forever. 400.
+   */
+  beyond: (position: number, last: number) => ApiError
+}
+
+/** An event id's `beyond` error: it keeps the name, the position and the last id it was built from. */
+export class EventIdBeyondError extends ApiError {
+  constructor (readonly eventIdName: string, readonly position: number, readonly last: number) {
+    super('bad_request', `${eventIdName} ${position} is beyond the last event_id handed out (${last}): resume from an event_id or X-Event-Cursor this ` +
+      'service sent')
   }
 }
 
-/**
- * An event cursor (`cursorName`) above every id the event log has handed
- * out (Kubernetes' "too large resource version"): no event ever had it, so
- * waiting for one would be waiting forever.
- */
-export class CursorBeyondError extends ApiError {
-  constructor (readonly cursorName: string, readonly cursor: number, readonly last: number) {
-    super('bad_request', `${cursorName} ${cursor} is beyond the last event_id handed out (${last}): resume from an event_id or X-Event-Cursor this service sent`)
-  }
-}
-
-/** CursorBeyondError in the words of the Durable Streams protocol, whose offsets are opaque. */
-export const offsetBeyond = (offset: string, last: string) =>
-  badRequest(`offset ${offset} is beyond the last offset handed out (${last}): pass -1, now, or a Stream-Next-Offset this service sent`)
-
-/** A cursor read while the database may have lost commits that its keeper has not recorded yet (a standby just promoted, a server restarted after a crash). */
-export const lossPending = (name: string) => new ApiError('unavailable',
+const lossPending = (name: string) => new ApiError('unavailable',
   `the database was just promoted or restarted, and whether ${name} names an event it lost is not known yet: retry in a moment`)
+
+/** The errors of an event id named `name` (after_event_id, Last-Event-ID). */
+export const eventIdErrorsNamed = (name: string): PositionErrors => ({
+  expired: (position, floor) => new ApiError('cursor_expired',
+    `${name} ${position} is older than the event history kept (events up to ${floor} are gone): refetch what you show, then resume from the ` +
+      'X-Event-Cursor of that read'),
+  lost: (position, after, through) => new ApiError('cursor_expired',
+    `${name} ${position} may name an event the database lost in a failover or a crash (it has no event after ${after} up to ${through}): ` +
+      'refetch what you show, then resume from the X-Event-Cursor of that read'),
+  lossPending: () => lossPending(name),
+  beyond: (position, last) => new EventIdBeyondError(name, position, last)
+})
+
+/**
+ * The errors of a Durable Streams offset (events/durable/), in the
+ * protocol's words: offsets are opaque (`encode` writes one), and a client
+ * starts again from -1.
+ */
+export const offsetErrors = (encode: (position: number) => string): PositionErrors => ({
+  expired: () => new ApiError('cursor_expired',
+    'offset is older than the event history kept (events before it are gone, EVENTS_RETENTION): read again from offset=-1'),
+  lost: () => new ApiError('cursor_expired', 'offset may name an event the database lost in a failover or a crash ' +
+    '(no event of it lies between that offset and the next one handed out): read again from offset=-1'),
+  lossPending: () => lossPending('offset'),
+  beyond: (position, last) => badRequest(`offset ${encode(position)} is beyond the last offset handed out (${encode(last)}): ` +
+    'pass -1, now, or a Stream-Next-Offset this service sent')
+})
 
 /** SQLSTATE classes and codes that mean "the database cannot serve now", not "the request is wrong". */
 const unavailableSqlStates = [

@@ -62,7 +62,7 @@ export async function startTracing (env: Env = process.env): Promise<Tracing | u
       // An attribute left undefined is not set: the span has no url.query.
       new HttpInstrumentation({ startIncomingSpanHook: () => ({ 'url.query': undefined }) }),
       fastify,
-      // Statements of requests only: the background polls and upkeep would
+      // Statements of requests only: the background polls and keeper would
       // each start a trace; no span for taking a connection from the pool.
       new PgInstrumentation({ requireParentSpan: true, ignoreConnectSpans: true }),
       // The log lines go to stdout as before; only the trace id is added to them.

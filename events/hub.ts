@@ -1,7 +1,7 @@
 import type { FastifyBaseLogger } from 'fastify'
 import { setImmediate as nextTurn } from 'node:timers/promises'
 import type { Db } from '../db/schema.js'
-import { pollAfter, startingPosition, type EventFilter, type LogState, type StoredEvent } from './log.js'
+import { pollAfter, startingPosition, type EventFilter, type LogState, type StoredEvent } from './statements.js'
 import { EventWindow } from './window.js'
 
 export interface HubOptions {
@@ -18,8 +18,8 @@ export interface Listener {
   readonly filter: EventFilter
   matches: (event: StoredEvent) => boolean
   offer: (event: StoredEvent) => void
-  /** After a poll has handed out everything up to the head: true when the listener answered (a long-poll with events). */
-  settled?: () => boolean
+  /** After a poll has handed out everything up to the tail: true when the listener answered (a long-poll with events). */
+  answer?: () => boolean
   /** A new epoch began at `base` (what was read after it may be gone): a listener past it ends. */
   rewound: (base: number) => void
   /** The hub stops: the listener ends (its client resumes elsewhere). */
@@ -36,7 +36,7 @@ export const WAKE_MIN_GAP_MS = 5
  * A wake-up's poll that finds nothing new is repeated once after this long:
  * WAL may arrive before its commit is visible (on a hot standby, before it
  * is replayed). So is a poll that begins to wait on a hole: the second
- * sight of it asks the keeper to settle it (upkeep/keeper.ts).
+ * sight of it asks the keeper to settle it (keeper/keeper.ts).
  */
 export const WAKE_RECHECK_MS = 10
 
@@ -51,27 +51,23 @@ export const SETTLE_WAIT_LOG_MS = 5000
 export const ANSWER_TURN_MS = 100
 /** Long-polls answered between two looks at the clock. */
 export const ANSWERS_PER_CLOCK_LOOK = 128
-/** How often the poller looks while a read waits on the head (headPast). */
-const HEAD_WAIT_POLL_MS = 10
+/** How often the poller looks while a read waits on the tail (tailPast). */
+const TAIL_WAIT_POLL_MS = 10
 
 /**
  * The one poller of a process. Every pollIntervalMs it reads the events
- * committed since its head (one indexed query, however many listeners)
+ * committed since its tail (one indexed query, however many listeners)
  * and hands each to the listeners whose filters match, found through
  * indexes by run and by thread rather than by scanning them all.
  *
- * Writers may commit ids out of order: the head is the SETTLED position,
- * never past an id that may still commit. Each poll reads, in one
- * statement, the events after the head and the event log's state, whose
- * settled position the keeper publishes (log.ts, LogState), then hands out
- * the events up to there and any run of ids just above it with no hole.
- * An event above a hole waits until the keeper settles it (the hub tells
- * it, onWaiting); how long delivery has waited is a metric, and a log line
- * past SETTLE_WAIT_LOG_MS. When the state starts a new epoch (a failover,
- * a restart after a crash, a TRUNCATE: what was read may be gone), the
- * listeners past the epoch's base end and the hub reads on from there;
- * from the moment it reads a server that may have lost commits, it serves
- * nothing from memory (docs/stream.md, "Failover, restarts and rewinds").
+ * Writers may commit ids out of order, so the tail never passes an id
+ * that may still commit: each poll reads, in one statement, the events
+ * after the tail and the log's state (statements.ts), and hands out those
+ * up to the settled position and the run of visible ids just above it
+ * (docs/stream.md, "How the event order is settled"). An event above a
+ * hole waits, and the hub tells the keeper (onWaiting). A new epoch (a
+ * failover, a crash, a TRUNCATE) ends the listeners past its base
+ * (docs/stream.md, "Failover, restarts and rewinds").
  *
  * A wake-up source (wakeup.ts) calls wake() when something may have been
  * committed: the hub then polls at once, or when the poll in flight ends,
@@ -80,27 +76,27 @@ const HEAD_WAIT_POLL_MS = 10
  * net and runs every wakeupPollIntervalMs.
  *
  * What it hands out also goes into a window of recent events in memory
- * (window.ts), from which reads after a recent cursor are served
+ * (window.ts), from which reads after a recent event id are served
  * (reader.ts) without reading the table.
  */
 export class EventHub {
   /** The highest event id handed to listeners; undefined until first read. */
-  #head: number | undefined
+  #tail: number | undefined
   #initializing: Promise<number> | undefined
   /** The event log's state as the last poll read it (undefined before the first read). */
   #state: LogState | undefined
   /**
    * Called after each poll with how long an event has waited above a hole
    * (undefined when none waits): the keeper then settles sooner
-   * (upkeep/keeper.ts).
+   * (keeper/keeper.ts).
    */
   onWaiting: ((waitedMs: number | undefined) => void) | undefined
-  /** Called after each tick, polled or failed, with the time and the head (the streams' keep-alives). */
-  onTicked: ((now: number, head: number) => void) | undefined
+  /** Called after each tick, polled or failed, with the time and the tail (the streams' keep-alives). */
+  onTicked: ((now: number, tail: number) => void) | undefined
   #lossLogged = false
   /** The pending poll: a timer, or an immediate when it was due at once. */
   #timer: { timeout: NodeJS.Timeout } | { immediate: NodeJS.Immediate } | undefined
-  /** When the pending timer fires (epoch ms). */
+  /** When the pending timer fires (Unix ms). */
   #dueAt = 0
   #polling = false
   /** A wake-up came while a poll was in flight: poll again when it ends. */
@@ -115,21 +111,21 @@ export class EventHub {
   #stopped = false
   #failing = false
   #lastPollAt = 0
-  /** The head at which delivery began to wait for a hole to settle, and since when (epoch ms). */
+  /** The tail at which delivery began to wait for a hole to settle, and since when (Unix ms). */
   #waitingAt: number | undefined
   #waitingSince = 0
   #waitLogged = false
   /** The last poll found a new hole to wait on: poll once more soon (it asks the keeper for a tick then). */
   #holeBegan = false
   /** Listeners that answer once a poll has handed out what they wait for (long-polls). */
-  readonly #settling = new Set<Listener>()
+  readonly #answering = new Set<Listener>()
   /** Unfiltered listeners (streams and long-poll waiters), all under the key ''. */
   readonly #unfiltered = new Map<string, Set<Listener>>()
   readonly #byRun = new Map<string, Set<Listener>>()
   readonly #byThread = new Map<string, Set<Listener>>()
   #window: EventWindow | undefined
-  /** Reads waiting for the head to pass a position (headPast). */
-  readonly #headWaits = new Set<{ position: number, resolve: () => void }>()
+  /** Reads waiting for the tail to pass a position (tailPast). */
+  readonly #tailWaits = new Set<{ position: number, resolve: () => void }>()
 
   constructor (readonly db: Db, readonly options: HubOptions) {}
 
@@ -139,9 +135,9 @@ export class EventHub {
   }
 
   /**
-   * The history's floor rose (this process's upkeep dropped what lies at or
+   * The history's floor rose (this process's keeper dropped what lies at or
    * below it): the window stops serving those events at once, so that a
-   * cursor below the floor reads the table and gets its 410, rather than
+   * event id below the floor reads the table and gets its 410, rather than
    * waiting for the next poll to learn it.
    */
   raiseFloor (floor: number): void {
@@ -149,13 +145,13 @@ export class EventHub {
     this.#window?.raiseFloor(floor)
   }
 
-  /** Resolves once the head is past `position` (or at once, if it is), or after `maxMs`. */
-  headPast (position: number, maxMs: number): Promise<void> {
-    if (this.#head! > position || this.#stopped) return Promise.resolve()
+  /** Resolves once the tail is past `position` (or at once, if it is), or after `maxMs`. */
+  tailPast (position: number, maxMs: number): Promise<void> {
+    if (this.#tail! > position || this.#stopped) return Promise.resolve()
     return new Promise((resolve) => {
-      const entry = { position, resolve: () => { clearTimeout(timer); this.#headWaits.delete(entry); resolve() } }
+      const entry = { position, resolve: () => { clearTimeout(timer); this.#tailWaits.delete(entry); resolve() } }
       const timer = setTimeout(entry.resolve, maxMs)
-      this.#headWaits.add(entry)
+      this.#tailWaits.add(entry)
       this.wake()
     })
   }
@@ -172,7 +168,7 @@ export class EventHub {
     let set = index.get(key)
     if (set === undefined) index.set(key, set = new Set())
     set.add(listener)
-    if (listener.settled !== undefined) this.#settling.add(listener)
+    if (listener.answer !== undefined) this.#answering.add(listener)
     // A request already in flight when the hub stopped: closed at once, like those the stop closed.
     if (this.#stopped) listener.close()
   }
@@ -183,7 +179,7 @@ export class EventHub {
     const set = index.get(key)!
     set.delete(listener)
     if (set.size === 0) index.delete(key)
-    this.#settling.delete(listener)
+    this.#answering.delete(listener)
   }
 
   /** Every listener, through the indexes. */
@@ -199,11 +195,11 @@ export class EventHub {
   }
 
   /** The highest event id handed to listeners (undefined before the first read). */
-  get head (): number | undefined {
-    return this.#head
+  get tail (): number | undefined {
+    return this.#tail
   }
 
-  /** When a poll last completed (epoch ms; 0 before the first): its lag is the metric. */
+  /** When a poll last completed (Unix ms; 0 before the first): its lag is the metric. */
   get lastPollAt (): number {
     return this.#lastPollAt
   }
@@ -224,12 +220,12 @@ export class EventHub {
    * ids above it, whatever the history's size and holes.
    */
   ready (): Promise<number> {
-    if (this.#head !== undefined) return Promise.resolve(this.#head)
+    if (this.#tail !== undefined) return Promise.resolve(this.#tail)
     this.#initializing ??= startingPosition(this.db).then(({ position, state }) => {
       this.#state ??= state
-      this.#head ??= position
-      this.#window ??= new EventWindow(this.#head, this.options.windowBytes)
-      return this.#head
+      this.#tail ??= position
+      this.#window ??= new EventWindow(this.#tail, this.options.windowBytes)
+      return this.#tail
     }).finally(() => { this.#initializing = undefined })
     return this.#initializing
   }
@@ -254,7 +250,7 @@ export class EventHub {
     this.#stopped = true
     this.#cancelTimer()
     for (const listener of [...this.#listeners()]) listener.close()
-    for (const wait of this.#headWaits) wait.resolve()
+    for (const wait of this.#tailWaits) wait.resolve()
   }
 
   /** Where a listener is found by fan-out: by its run, else by its thread, else among the unfiltered. */
@@ -265,49 +261,52 @@ export class EventHub {
     return { index: this.#unfiltered, key: '' }
   }
 
-  /** Reads and hands out every event settled since the head. */
+  /** Reads and hands out every event settled since the tail. */
   async #poll (): Promise<void> {
-    let head = await this.ready()
+    let tail = await this.ready()
     let hole = false
     for (;;) {
-      const { state, events, waiting } = await pollAfter(this.db, head, POLL_PAGE_SIZE)
+      const { state, events, waiting } = await pollAfter(this.db, tail, POLL_PAGE_SIZE)
       if (state.epoch !== this.#state!.epoch) {
         this.#startEpoch(state)
-        head = this.#head!
+        tail = this.#tail!
         continue
       }
       this.#state = state
       if (state.lossPending) {
         // Commits this hub saw may be gone (a crash, a failover): nothing is served from memory, and its
-        // head may hold ids the database lost. What was lost is known once the keeper records it (a new
+        // tail may hold ids the database lost. What was lost is known once the keeper records it (a new
         // epoch): until then, wait.
-        this.#window = new EventWindow(head, this.options.windowBytes)
-        if (!this.#lossLogged) this.options.log.warn({ head }, 'the database failed over or recovered from a crash: delivery waits until the event log\'s keeper records what it may have lost')
+        this.#window = new EventWindow(tail, this.options.windowBytes)
+        if (!this.#lossLogged) {
+          this.options.log.warn({ tail }, 'the database failed over or recovered from a crash: delivery waits until the event log\'s keeper ' +
+            'records what it may have lost')
+        }
         this.#lossLogged = true
         hole = true
         break
       }
       this.#lossLogged = false
       const window = this.#window!
-      let settled = Math.max(head, state.settled)
+      let readable = Math.max(tail, state.settled)
       // Events above a hole, not read again while it waits.
       if (waiting) hole = true
       for (const event of events) {
-        if (event.id > settled + 1) {
+        if (event.id > readable + 1) {
           hole = true
           break
         }
-        settled = Math.max(settled, event.id)
+        readable = Math.max(readable, event.id)
         this.#fanOut(event)
         window.append(event)
-        head = event.id
+        tail = event.id
       }
       const readAll = hole || events.length < POLL_PAGE_SIZE
-      // Every visible event up to `settled` has been handed out: the rest of
+      // Every visible event up to `readable` (the readable position) has been handed out: the rest of
       // the range is ids that will never commit.
-      if (readAll) head = settled
-      this.#head = head
-      window.advance(head)
+      if (readAll) tail = readable
+      this.#tail = tail
+      window.advance(tail)
       // After the events: one of them may lie at or below a floor read with them.
       window.raiseFloor(state.floor)
       if (readAll) break
@@ -315,24 +314,23 @@ export class EventHub {
     this.#lastPollAt = Date.now()
     this.#noteWait(hole)
     this.onWaiting?.(hole ? this.#lastPollAt - this.#waitingSince : undefined)
-    // Everything up to the head is handed out: the long-polls that got
+    // Everything up to the tail is handed out: the long-polls that got
     // events answer, for at most answerTurnMs at a time, then the loop
     // turns (timers, other requests, the load-shedding sample) and the rest
-    // answer. Turns of a fixed count were worse for a crowd of 5,000: the
-    // re-polls of each batch are read before the next batch is answered
-    // (p50 / p99 290 / 647 ms at 200 a turn, 191 / 539 at 2,000; all 5,000,
-    // about 100 ms here, in one turn: BENCHMARKS.md).
+    // answer. Turns of a fixed count were worse for a large crowd: too few
+    // a turn and each batch's re-polls are read before the next batch is
+    // answered; too many and the loop is held for the whole crowd.
     let answered = 0
     let turnBegan = performance.now()
-    for (const listener of this.#settling) {
-      if (!listener.settled!() || ++answered % ANSWERS_PER_CLOCK_LOOK !== 0) continue
+    for (const listener of this.#answering) {
+      if (!listener.answer!() || ++answered % ANSWERS_PER_CLOCK_LOOK !== 0) continue
       if (performance.now() - turnBegan < this.answerTurnMs) continue
       await nextTurn()
       turnBegan = performance.now()
     }
-    for (const wait of this.#headWaits) if (head > wait.position) wait.resolve()
-    // Reads still wait on the head: poll again soon (one statement for all of them).
-    if (this.#headWaits.size > 0) this.#schedule(HEAD_WAIT_POLL_MS)
+    for (const wait of this.#tailWaits) if (tail > wait.position) wait.resolve()
+    // Reads still wait on the tail: poll again soon (one statement for all of them).
+    if (this.#tailWaits.size > 0) this.#schedule(TAIL_WAIT_POLL_MS)
   }
 
   /**
@@ -344,22 +342,25 @@ export class EventHub {
    */
   #startEpoch (state: LogState): void {
     const base = state.epochBase
-    this.options.log.warn({ epoch: state.epoch, base, head: this.#head, reissued: state.reissued },
-      `the event log started a new epoch (a failover, a restart after a crash, or a TRUNCATE): what was read after ${base} may be gone; streams past it end, and their clients resume or refetch`)
+    this.options.log.warn({ epoch: state.epoch, base, tail: this.#tail, reissued: state.reissued },
+      `the event log started a new epoch (a failover, a restart after a crash, or a TRUNCATE): what was read after ${base} may be gone; streams ` +
+        'past it end, and their clients resume or refetch')
     this.#state = state
     for (const listener of [...this.#listeners()]) listener.rewound(base)
-    this.#head = Math.min(this.#head!, base)
-    this.#window = new EventWindow(this.#head, this.options.windowBytes)
+    this.#tail = Math.min(this.#tail!, base)
+    this.#window = new EventWindow(this.#tail, this.options.windowBytes)
     this.#waitingAt = undefined
   }
 
   /** Tracks how long an event above a hole has waited, and says so once it passes SETTLE_WAIT_LOG_MS. */
   #noteWait (hole: boolean): void {
-    this.#holeBegan = hole && this.#head !== this.#waitingAt
-    if (!hole || this.#head !== this.#waitingAt) {
-      if (this.#waitLogged) this.options.log.info({ head: this.#head, waitedSeconds: this.settleWaitSeconds }, 'event delivery resumed: the id it waited for settled')
+    this.#holeBegan = hole && this.#tail !== this.#waitingAt
+    if (!hole || this.#tail !== this.#waitingAt) {
+      if (this.#waitLogged) {
+        this.options.log.info({ tail: this.#tail, waitedSeconds: this.settleWaitSeconds }, 'event delivery resumed: the id it waited for settled')
+      }
       this.#waitLogged = false
-      this.#waitingAt = hole ? this.#head : undefined
+      this.#waitingAt = hole ? this.#tail : undefined
       this.#waitingSince = this.#lastPollAt
       return
     }
@@ -368,12 +369,16 @@ export class EventHub {
       const { waitingPid, waitingTransaction, settledAge, preparedWriters } = this.#state!
       // A state the keeper has not refreshed in a while may name a writer long gone: say how old it is instead.
       const why = settledAge > SETTLE_WAIT_LOG_MS / 1000
-        ? `the settled position was last published ${Math.round(settledAge)} s ago; it moves only while a replica keeps the event log on the primary, and a hot standby sees it once it replays it (docs/stream.md, "How the event order is settled")`
+        ? `the settled position was last published ${Math.round(settledAge)} s ago; it moves only while a replica keeps the event log on the ` +
+          'primary, and a hot standby sees it once it replays it (docs/stream.md, "How the event order is settled")'
         : waitingTransaction !== null
-        ? `a prepared transaction ('${waitingTransaction}') drew an event id and is still open: COMMIT PREPARED or ROLLBACK PREPARED '${waitingTransaction}' releases it (pg_prepared_xacts lists it)`
-        : `a transaction that drew an event id (or used the events sequence) is still open, backend ${waitingPid} (pg_stat_activity tells what it is doing)`
-      this.options.log.warn({ head: this.#head, waitingPid, waitingTransaction, preparedWriters, settledAgeSeconds: settledAge, waitedSeconds: this.settleWaitSeconds },
-        `event delivery waits past id ${this.#head}: ${why}`)
+          ? `a prepared transaction ('${waitingTransaction}') drew an event id and is still open: COMMIT PREPARED or ROLLBACK PREPARED ` +
+            `'${waitingTransaction}' releases it (pg_prepared_xacts lists it)`
+          : `a transaction that drew an event id (or used the events sequence) is still open, backend ${waitingPid} (pg_stat_activity tells what it is doing)`
+      this.options.log.warn({
+        tail: this.#tail, waitingPid, waitingTransaction, preparedWriters, settledAgeSeconds: settledAge, waitedSeconds: this.settleWaitSeconds
+      },
+        `event delivery waits past id ${this.#tail}: ${why}`)
     }
   }
 
@@ -418,7 +423,7 @@ export class EventHub {
     this.#woken = false
     this.#polling = true
     this.#lastTickAt = Date.now()
-    const headBefore = this.#head
+    const tailBefore = this.#tail
     try {
       await this.#poll()
       if (this.#failing) this.options.log.info('event poller recovered')
@@ -429,12 +434,12 @@ export class EventHub {
       this.#failing = true
     }
     this.#polling = false
-    if (this.#head !== undefined) this.onTicked?.(Date.now(), this.#head)
+    if (this.#tail !== undefined) this.onTicked?.(Date.now(), this.#tail)
     if (this.#pollAgain) {
       this.#pollAgain = false
       this.#woken = true
       this.#schedule(this.#lastTickAt + WAKE_MIN_GAP_MS - Date.now())
-    } else if ((woken && this.#head === headBefore) || this.#holeBegan) {
+    } else if ((woken && this.#tail === tailBefore) || this.#holeBegan) {
       this.#schedule(WAKE_RECHECK_MS)
     }
     this.#schedule(this.wakeupLive ? this.options.wakeupPollIntervalMs : this.options.pollIntervalMs)

@@ -5,21 +5,19 @@
  */
 import type { FastifyBaseLogger } from 'fastify'
 import type { Db } from '../db/schema.js'
-import { DurableReads } from './durable/reads.js'
+import { DurableStreams } from './durable/index.js'
 import { EventHub } from './hub.js'
 import type { Limit } from './limits.js'
 import { EventReader } from './reader.js'
 import { EventStreams } from './sse/streams.js'
-import { SOON_TICK_MS, EventLogUpkeep } from './upkeep/keeper.js'
+import { SOON_TICK_MS, EventLogKeeper } from './keeper/keeper.js'
 import { WalWakeup } from './wakeup.js'
 
-export { durableSseFormat } from './durable/format.js'
-export { encodeOffset, nextStreamCursor, parseOffset, parseStreamCursor, type StreamOffset } from './durable/offsets.js'
-export type { StreamPage } from './durable/reads.js'
-export { listEvents, streamSubjectExists, type EventFilter, type LogState, type StoredEvent } from './log.js'
-export { assertEventCursorKept } from './reader.js'
-export { countSent, eventsSent } from './sent.js'
-export type { StreamStart } from './sse/streams.js'
+export { DURABLE_READ_HEADERS, readOf, type DurableAnswer, type DurableQuery } from './durable/index.js'
+export { listEvents, type EventFilter, type LogState, type StoredEvent } from './statements.js'
+export { assertPositionKept } from './reader.js'
+export { eventsSent } from './sent.js'
+export type { StreamOptions, StreamStart } from './sse/streams.js'
 
 /** How long a shutdown waits for ended streams' last bytes to leave: a client taking none is cut after it. */
 const STREAMS_FLUSH_MS = 1000
@@ -37,43 +35,51 @@ export interface EventLogOptions {
   retryMs: number
   maxBufferedBytes: number
   slowClientMs: number
-  /** STREAMS_MAX_LONG_POLLS and STREAMS_MAX_LONG_POLLS_PER_CALLER. */
+  /** DURABLE_STREAMS_MAX_LONG_POLLS and DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER. */
   longPolls: Limit
+  /** DURABLE_STREAMS_LONG_POLL_MS and DURABLE_STREAMS_SSE_MAX_MS. */
+  longPollMs: number
+  sseMaxMs: number
   /** What wakes the hub between polls (EVENTS_WAKEUP: auto, wal), on this database; undefined: polling alone. */
   wakeup: { mode: 'auto' | 'wal', url: string, connectTimeoutMs: number } | undefined
-  /** Where the upkeep runs (a database it may write: the primary), how often it ticks, how long events are kept; undefined: no upkeep here. */
-  upkeep: { url: string, clockIntervalMs: number, retentionMs: number | undefined } | undefined
-  log: FastifyBaseLogger
+  /** Where the keeper runs (a database it may write: the primary), how often it ticks, how long events are kept; undefined: no keeper here. */
+  keeper: { url: string, keeperIntervalMs: number, retentionMs: number | undefined } | undefined
+  logger: FastifyBaseLogger
 }
 
 /**
  * The event log of one process: one hub polling the events table for
- * everything that reads it (hub.ts), the reads after a cursor (reader.ts),
- * the streams (sse/), the Durable Streams pages and long-polls (durable/),
+ * everything that reads it (hub.ts), the reads after an event id (reader.ts),
+ * the streams (sse/), the Durable Streams protocol's reads (durable/),
  * what wakes the hub when something commits (wakeup.ts), and, where this
- * process may write, the upkeep that settles the order and bounds the
- * history (upkeep/).
+ * process may write, the keeper that settles the order and bounds the
+ * history (keeper/).
  */
 export class EventLog {
   readonly hub: EventHub
   readonly reader: EventReader
   readonly streams: EventStreams
-  readonly durable: DurableReads
+  readonly durable: DurableStreams
   readonly wakeup: WalWakeup | undefined
-  readonly upkeep: EventLogUpkeep | undefined
+  readonly keeper: EventLogKeeper | undefined
 
   constructor (db: Db, options: EventLogOptions) {
-    const { log } = options
-    const hub = this.hub = new EventHub(db, { pollIntervalMs: options.pollIntervalMs, wakeupPollIntervalMs: options.wakeupPollIntervalMs, windowBytes: options.windowBytes, log: log.child({ component: 'event-hub' }) })
+    const { logger } = options
+    const hub = this.hub = new EventHub(db, {
+      pollIntervalMs: options.pollIntervalMs,
+      wakeupPollIntervalMs: options.wakeupPollIntervalMs,
+      windowBytes: options.windowBytes,
+      log: logger.child({ component: 'event-hub' })
+    })
     this.reader = new EventReader(db, hub)
-    this.streams = new EventStreams(db, hub, this.reader, { ...options, log: log.child({ component: 'event-hub' }) })
-    this.durable = new DurableReads(db, hub, this.reader, options.longPolls)
-    hub.onTicked = (now, head) => { this.streams.sweep(now, head) }
+    this.streams = new EventStreams(db, hub, this.reader, { ...options, log: logger.child({ component: 'event-hub' }) })
+    this.durable = new DurableStreams(db, hub, this.reader, { longPolls: options.longPolls, longPollMs: options.longPollMs, sseMaxMs: options.sseMaxMs })
+    hub.onTicked = (now, tail) => { this.streams.sweep(now, tail) }
     this.wakeup = options.wakeup === undefined
       ? undefined
       : new WalWakeup({
         ...options.wakeup,
-        log: log.child({ component: 'event-wakeup' }),
+        log: logger.child({ component: 'event-wakeup' }),
         onWake: () => { hub.wake() },
         onLive: (live) => {
           hub.wakeupLive = live
@@ -81,19 +87,19 @@ export class EventLog {
           if (!live) hub.wake()
         }
       })
-    const upkeep = this.upkeep = options.upkeep === undefined
+    const keeper = this.keeper = options.keeper === undefined
       ? undefined
-      : new EventLogUpkeep({ ...options.upkeep, log: log.child({ component: 'event-log' }) })
-    if (upkeep !== undefined) {
+      : new EventLogKeeper({ ...options.keeper, log: logger.child({ component: 'event-log' }) })
+    if (keeper !== undefined) {
       // A poll that ends waiting on a hole for a while asks for a tick; one that does not wait, calms the asking.
       hub.onWaiting = (waitedMs) => {
-        if (waitedMs === undefined) upkeep.calm()
-        else if (waitedMs >= SOON_TICK_MS) upkeep.soon()
+        if (waitedMs === undefined) keeper.calm()
+        else if (waitedMs >= SOON_TICK_MS) keeper.soon()
       }
       // What a tick settled reaches this replica's streams without waiting for the wake-up (or, without one, a poll).
-      upkeep.onPublished = () => { hub.wake() }
+      keeper.onPublished = () => { hub.wake() }
       // What retention dropped is no longer served from this replica's memory, from the moment it went (other replicas: at their next poll).
-      upkeep.keeper.onFloorRaised = (floor) => { hub.raiseFloor(floor) }
+      keeper.partitions.onFloorRaised = (floor) => { hub.raiseFloor(floor) }
     }
   }
 
@@ -105,7 +111,7 @@ export class EventLog {
   start (): void {
     this.hub.start()
     this.wakeup?.start()
-    this.upkeep?.start()
+    this.keeper?.start()
   }
 
   /**
@@ -122,8 +128,8 @@ export class EventLog {
     await this.streams.flushed(STREAMS_FLUSH_MS)
   }
 
-  /** Stops the upkeep (another replica takes it over). */
-  async stopUpkeep (): Promise<void> {
-    await this.upkeep?.stop()
+  /** Stops the keeper (another replica takes it over). */
+  async stopKeeper (): Promise<void> {
+    await this.keeper?.stop()
   }
 }

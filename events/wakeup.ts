@@ -27,7 +27,7 @@ import pg from 'pg'
 export type WakeupMode = 'auto' | 'wal' | 'off'
 
 export interface WalWakeupOptions {
-  /** The database the hub reads from (DATABASE_READ_URL, else DATABASE_URL). */
+  /** The server the hub reads from: DATABASE_READ_URL when it names a hot standby, else DATABASE_URL (plugins/app/db.ts, wakeupDatabaseUrl). */
   url: string
   /** auto: a refusal at the start leaves it off; wal: every failure is retried. */
   mode: 'auto' | 'wal'
@@ -42,7 +42,7 @@ export interface WalWakeupOptions {
   retryMaxMs?: number
 }
 
-/** Microseconds between the Unix epoch and Postgres's (2000-01-01), for the status update's clock. */
+/** Microseconds between Unix time's origin (1970-01-01) and Postgres's (2000-01-01), for the status update's clock. */
 const POSTGRES_EPOCH_US = 946_684_800_000_000n
 
 /**
@@ -200,7 +200,8 @@ export class WalWakeup {
       // The common case (most databases allow no replication connection): one
       // line at info with the database's own words, no stack; nothing is wrong.
       const { message, code } = err as { message?: string, code?: string }
-      log.info({ code, reason: message }, 'event wake-up refused by the database (a physical replication connection needs a `replication` line in pg_hba.conf and a role with REPLICATION): events are polled every EVENTS_POLL_INTERVAL_MS instead; EVENTS_WAKEUP=off silences this')
+      log.info({ code, reason: message }, 'event wake-up refused by the database (a physical replication connection needs a `replication` line in ' +
+        'pg_hba.conf and a role with REPLICATION): events are polled every EVENTS_POLL_INTERVAL_MS instead; EVENTS_WAKEUP=off silences this')
       return
     }
     if (!this.#troubleLogged) {

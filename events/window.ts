@@ -1,4 +1,4 @@
-import { matchesFilter, type EventFilter, type StoredEvent } from './log.js'
+import { matchesFilter, type EventFilter, type StoredEvent } from './statements.js'
 
 /**
  * Bytes counted per event besides its JSON: the object, its fields and its
@@ -8,18 +8,18 @@ export const EVENT_OVERHEAD_BYTES = 160
 
 /**
  * The recent settled events in memory, so that a stream resuming from a
- * recent cursor (thousands at once when a replica restarts or a deploy
+ * recent event id (thousands at once when a replica restarts or a deploy
  * rolls) catches up without reading the table, like the Kubernetes API
  * server's watch cache.
  *
  * It covers a range of positions, not a set of events: every settled event
- * with an id in (from, head] is in it, in ascending order, so a catch-up
- * from a cursor in that range is exactly what the table would return. The
- * hub appends each event as it hands it out and then moves the head to the
+ * with an id in (from, tail] is in it, in ascending order, so a catch-up
+ * from an event id in that range is exactly what the table would return. The
+ * hub appends each event as it hands it out and then moves the tail to the
  * settled position (appended ids only ever ascend, and nothing above the
  * settled position enters). The oldest events leave when the window passes
  * its size in bytes, and when the history's floor (retention) passes them:
- * either way `from` rises, and older cursors read the table.
+ * either way `from` rises, and older event ids read the table.
  */
 export class EventWindow {
   readonly #events: StoredEvent[] = []
@@ -27,21 +27,21 @@ export class EventWindow {
   #first = 0
   #bytes = 0
   #from: number
-  #head: number
+  #tail: number
 
-  /** An empty window at position `head`, holding at most `maxBytes` (0: none at all). */
-  constructor (head: number, readonly maxBytes: number) {
-    this.#from = head
-    this.#head = head
+  /** An empty window at position `tail`, holding at most `maxBytes` (0: none at all). */
+  constructor (tail: number, readonly maxBytes: number) {
+    this.#from = tail
+    this.#tail = tail
   }
 
-  /** The window covers the positions in (from, head]. */
+  /** The window covers the positions in (from, tail]. */
   get from (): number {
     return this.#from
   }
 
-  get head (): number {
-    return this.#head
+  get tail (): number {
+    return this.#tail
   }
 
   get size (): number {
@@ -54,7 +54,7 @@ export class EventWindow {
 
   /** Adds an event just handed out (its id above every id held). */
   append (event: StoredEvent): void {
-    this.#head = event.id
+    this.#tail = event.id
     if (this.maxBytes === 0) {
       this.#from = event.id
       return
@@ -64,15 +64,15 @@ export class EventWindow {
     while (this.#bytes > this.maxBytes) this.#dropOldest()
   }
 
-  /** Every settled event up to `head` has been appended: the window covers it. */
-  advance (head: number): void {
-    if (head > this.#head) this.#head = head
+  /** Every settled event up to `tail` has been appended: the window covers it. */
+  advance (tail: number): void {
+    if (tail > this.#tail) this.#tail = tail
   }
 
   /** Events at or below the history's floor may be gone from the table: no catch-up is served at or below it. */
   raiseFloor (floor: number): void {
     while (this.size > 0 && this.#events[this.#first]!.id <= floor) this.#dropOldest()
-    if (floor > this.#from) this.#from = Math.min(floor, this.#head)
+    if (floor > this.#from) this.#from = Math.min(floor, this.#tail)
   }
 
   /** Whether a catch-up from `afterId` is wholly in the window. */

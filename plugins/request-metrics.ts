@@ -48,7 +48,7 @@ export class RouteAnswers {
  * http_requests_total and http_request_duration_seconds, counted in plain
  * numbers and handed to prom-client's registry when it is read. (Its
  * Counter and Histogram validate and hash their labels on every inc and
- * observe: a tenth of /health's time, BENCHMARKS.md. A registry reads a
+ * observe, a visible share of a cheap request's time. A registry reads a
  * metric through its name and get(), which is what these two give it; the
  * exposition is prom-client's own, test/operations.test.ts reads it.)
  */

@@ -11,7 +11,8 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       response: {
         200: { description: 'Prometheus text format', content: { 'text/plain': { schema: Type.String() } } },
         400: commonErrors[400],
-        401: errorResponse('`unauthorized`: a missing, unknown, expired or refused token (only when authentication is on)')
+        401: errorResponse('`unauthorized`: a missing, unknown, expired or refused token (only when authentication is on)'),
+        421: commonErrors[421]
       }
     }
   }, async (_request, reply) => {

@@ -28,33 +28,34 @@ export const RunParams = Type.Object({ runID: Id('run_id', 'run_id of the run') 
 export const TaskParams = Type.Object({ ...RunParams.properties, taskID: Id('task_id', 'task_id of the task, within the run') })
 export const ThreadParams = Type.Object({ threadID: Id('thread_id', 'thread_id of the thread') })
 
-/** An event id as a client writes it: digits, at most 16 of them (and within 2^53: parseEventCursor). */
-const EVENT_CURSOR_PATTERN = '^[0-9]{1,16}$'
-const eventCursorDigits = new RegExp(EVENT_CURSOR_PATTERN)
-const eventCursorAccepts = (name: string) => `${name} must be an event_id: an integer from 0 to ${Number.MAX_SAFE_INTEGER}`
+/** An event id as a client writes it: digits, at most 16 of them (and within 2^53: parseEventId). */
+const EVENT_ID_PATTERN = '^[0-9]{1,16}$'
+const eventIdDigits = new RegExp(EVENT_ID_PATTERN)
+const eventIdAccepts = (name: string) => `${name} must be an event_id: an integer from 0 to ${Number.MAX_SAFE_INTEGER}`
 
 /** An event id given by a client in the query: a non-negative integer, as text. */
 export const AfterEventId = Type.String({
-  pattern: EVENT_CURSOR_PATTERN,
-  description: 'An event_id: the stream resumes after it (0 replays from the first event); below the history kept, 410 `cursor_expired`; beyond the last event_id ever handed out, 400',
-  [ACCEPTS]: eventCursorAccepts('after_event_id')
+  pattern: EVENT_ID_PATTERN,
+  description: 'An event_id: the stream resumes after it (0 replays from the first event); below the history kept, 410 `cursor_expired`; beyond ' +
+    'the last event_id ever handed out, 400',
+  [ACCEPTS]: eventIdAccepts('after_event_id')
 })
 
-/** The event stream's request headers: an EventSource's resume point (checked by parseEventCursor: blank is no header). */
+/** The event stream's request headers: an EventSource's resume point (checked by parseEventId: blank is no header). */
 export const StreamHeaders = Type.Object({
   'last-event-id': Type.Optional(Type.String({
     description: 'The last event_id received; wins over after_event_id',
-    [ACCEPTS]: eventCursorAccepts('Last-Event-ID')
+    [ACCEPTS]: eventIdAccepts('Last-Event-ID')
   }))
 })
 
 /**
- * A client's event cursor (after_event_id, or the Last-Event-ID header, as
+ * A client's event id (after_event_id, or the Last-Event-ID header, as
  * `schema` says) as a number; anything but a non-negative integer event id
  * within 2^53 is the schema's 400.
  */
-export function parseEventCursor (text: string, schema: TSchema): number {
-  const value = eventCursorDigits.test(text) ? Number(text) : Number.NaN
+export function parseEventId (text: string, schema: TSchema): number {
+  const value = eventIdDigits.test(text) ? Number(text) : Number.NaN
   if (!Number.isSafeInteger(value)) throw invalidParameter(schema)
   return value
 }
@@ -82,7 +83,7 @@ export function parseLimit (text: string | undefined): number | undefined {
 }
 
 /** The opaque position of a list's next page (docs/reference.md, "Ordering and pages"; decoded in routes/api/runs.ts). */
-/** A page key: where the next page of a keyset-paged list starts (the `cursor` parameter on the wire; not an event cursor). */
+/** A page key: where the next page of a keyset-paged list starts (the `cursor` parameter on the wire; not an event id). */
 export const PageKeyParam = Type.String({
   minLength: 1,
   maxLength: 512,
@@ -176,7 +177,9 @@ export const AuthInfo = Type.Object({
 }, { $id: 'AuthInfo', additionalProperties: false })
 
 /** The response wrappers, registered like the resources so documents name them. */
-export const responseSchemas: TObject[] = [Health, RunList, RunDetailEnvelope, TaskDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope, EventList, StreamScope, StreamToken, SignIn, AuthInfo]
+export const responseSchemas: TObject[] = [
+  Health, RunList, RunDetailEnvelope, TaskDetailEnvelope, TaskList, BlockedTaskList, ThreadDetailEnvelope, EventList, StreamScope, StreamToken, SignIn, AuthInfo
+]
 
 /**
  * The credentials a stream's URL may carry, for clients that cannot send
@@ -188,7 +191,8 @@ const streamCredentials = {
     [ACCEPTS]: 'stream_token must be one stream token, from GET /api/stream-token'
   })),
   access_token: Type.Optional(Type.String({
-    description: 'A long-lived bearer token in the URL: refused unless AUTH_ALLOW_TOKEN_IN_URL is set (URLs land in browser history, proxy logs and Referer headers); use stream_token',
+    description: 'A long-lived bearer token in the URL: refused unless AUTH_ALLOW_TOKEN_IN_URL is set (URLs land in browser history, proxy logs ' +
+      'and Referer headers); use stream_token',
     [ACCEPTS]: 'access_token must be one bearer token'
   }))
 }
@@ -223,7 +227,7 @@ export const StreamOffsetParam = Type.String({
   [ACCEPTS]: 'offset must be -1 (the oldest event kept), now (the tail), or a Stream-Next-Offset this service sent, and a live read must give one'
 })
 
-/** The interval cursor a Durable Streams client echoes (parsed by events/durable/offsets.ts). */
+/** The Stream-Cursor value a Durable Streams client echoes as `cursor` (parsed by events/durable/offsets.ts). */
 export const StreamCursorParam = Type.String({
   description: 'The last `Stream-Cursor` received (echoed so that caches collapse requests)',
   [ACCEPTS]: 'cursor must be a Stream-Cursor this service sent'
@@ -232,7 +236,7 @@ export const StreamCursorParam = Type.String({
 export const DurableStreamQuery = Type.Object({
   offset: Type.Optional(StreamOffsetParam),
   live: Type.Optional(Type.Union([Type.Literal('long-poll'), Type.Literal('sse')], {
-    description: 'Absent: catch-up (a page, at once). `long-poll`: wait for events (at most STREAMS_LONG_POLL_MS). `sse`: a Server-Sent Events stream',
+    description: 'Absent: catch-up (a page, at once). `long-poll`: wait for events (at most DURABLE_STREAMS_LONG_POLL_MS). `sse`: a Server-Sent Events stream',
     [ACCEPTS]: 'live must be long-poll or sse'
   })),
   cursor: Type.Optional(StreamCursorParam),
@@ -246,28 +250,35 @@ export const errorResponse = (description: string) => Type.Ref('ErrorEnvelope', 
 export const commonErrors = {
   400: errorResponse('`bad_request`: a malformed parameter or URL, or a query parameter the route does not take'),
   401: errorResponse('`unauthorized`: a missing, unknown, expired or refused token (only when authentication is on); WWW-Authenticate says why'),
+  421: errorResponse('`misdirected_request`: a Host header that names none of the service\'s names ' +
+    '(localhost, 127.0.0.1, [::1], HOST\'s, ALLOWED_HOSTS\'), or none at all (only when authentication is off: DNS rebinding)'),
   500: errorResponse('`internal`: an unexpected failure (a bug)'),
   503: errorResponse('`unavailable`: the database is unreachable or too slow, or the service is overloaded or shutting down')
 }
 
-/** The errors of a route that takes an event cursor. */
-export const eventCursorErrors = {
+/** The errors of a route that takes an event id. */
+export const eventIdErrors = {
   ...commonErrors,
-  400: errorResponse('`bad_request`: a malformed parameter or URL, or a cursor beyond the last event_id ever handed out'),
-  410: errorResponse('`cursor_expired`: the cursor is older than the event history kept (EVENTS_RETENTION); refetch what you show, then resume from the X-Event-Cursor of that read')
+  400: errorResponse('`bad_request`: a malformed parameter or URL, or an event id beyond the last event_id ever handed out'),
+  410: errorResponse('`cursor_expired`: the cursor is older than the event history kept (EVENTS_RETENTION); refetch what you show, then resume ' +
+    'from the X-Event-Cursor of that read')
 }
 
 export const notFoundErrors = { ...commonErrors, 404: errorResponse('`not_found`: no such run or thread') }
 
 /** The errors of a task's read: its run, or the task within it, may not exist. */
-export const taskNotFoundErrors = { ...commonErrors, 404: errorResponse('`not_found`: no such run (`run not found`), or no such task in the run (`task not found`)') }
+export const taskNotFoundErrors = {
+  ...commonErrors,
+  404: errorResponse('`not_found`: no such run (`run not found`), or no such task in the run (`task not found`)')
+}
 
 // ---- HTTP caching (docs/reference.md, "HTTP caching"; plugins/app/http-cache.ts) -----------
 
 /** The request header of a conditional read. */
 export const ConditionalHeaders = Type.Object({
   'if-none-match': Type.Optional(Type.String({
-    description: 'ETags of bodies the client holds, or `*`: 304 with no body while the body would be the same (weak tags compared weakly; a malformed field is ignored)',
+    description: 'ETags of bodies the client holds, or `*`: 304 with no body while the body would be the same (weak tags compared weakly; a ' +
+      'malformed field is ignored)',
     [ACCEPTS]: 'If-None-Match must be a list of ETags, or *'
   }))
 })
@@ -275,14 +286,17 @@ export const ConditionalHeaders = Type.Object({
 /** What the Cache-Control of each kind of read says, for the docs. */
 export const CACHE_CONTROL_DOCS = {
   state: '`no-cache` (with authentication on: `private, no-cache`): keep it, but revalidate (If-None-Match) before every use',
-  events: 'A full page after an explicit after_event_id is final: `public, max-age=31536000, immutable`; any other page `public, max-age=5`. With authentication on, `private` instead of `public`, and Vary: Authorization'
+  events: 'A full page after an explicit after_event_id is final: `public, max-age=31536000, immutable`; any other page `public, max-age=5`. With ' +
+    'authentication on, `private` instead of `public`, and Vary: Authorization'
 } as const
 
 /** A JSON read's 200: its body, and the headers that say where it was read and how it may be cached. */
 export const readResponse = (ref: string, description: string, cacheControl: string) => ({
   ...Type.Ref(ref, { description }),
   headers: {
-    'x-event-cursor': Type.String({ description: 'The event stream position the body was read at: subscribe with after_event_id=<it> and nothing between is missed' }),
+    'x-event-cursor': Type.String({
+      description: 'The event stream position the body was read at: subscribe with after_event_id=<it> and nothing between is missed'
+    }),
     etag: Type.String({ description: 'A strong tag of the body; send it in If-None-Match to revalidate' }),
     'cache-control': Type.String({ description: cacheControl })
   }
@@ -290,5 +304,7 @@ export const readResponse = (ref: string, description: string, cacheControl: str
 
 /** The 304 of a conditional read. */
 export const notModified = {
-  304: Type.Null({ description: 'Not Modified: the body would be the one If-None-Match names. No body; ETag, Cache-Control and X-Event-Cursor (the current position) are sent' })
+  304: Type.Null({
+    description: 'Not Modified: the body would be the one If-None-Match names. No body; ETag, Cache-Control and X-Event-Cursor (the current position) are sent'
+  })
 }

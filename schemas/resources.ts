@@ -149,7 +149,7 @@ export const ErrorEnvelope = Type.Object({
 
 /** One persisted event (docs/reference.md, "Event types"): every field always present, strings possibly empty. */
 export const Event = Type.Object({
-  event_id: Type.Integer({ minimum: 1, description: 'Monotonic: the only resume cursor' }),
+  event_id: Type.Integer({ minimum: 1, description: 'Monotonic: the only resume position' }),
   event_type: Type.String({ description: `${eventTypeNames.join(', ')}, or another the orchestrator writes (see the event types of docs/reference.md)` }),
   run_id: Type.String({ description: '"" when the event is not tied to a run' }),
   task_id: Type.String({ description: '"" when the event is not tied to a task' }),

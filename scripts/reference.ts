@@ -110,7 +110,8 @@ export function endpointsBlock (doc: OpenApiDocument): string {
       lines.push('', '| Parameter | In | Required | Accepts | Meaning |', '|---|---|---|---|---|')
       for (const parameter of parameters) {
         const name = parameter.in === 'header' ? headerName(parameter.name) : parameter.name
-        lines.push(`| \`${name}\` | ${parameter.in} | ${parameter.required === true ? 'yes' : 'no'} | ${cell(typeOf(parameter.schema))} | ${cell(parameter.description)} |`)
+        lines.push(`| \`${name}\` | ${parameter.in} | ${parameter.required === true ? 'yes' : 'no'} | ${cell(typeOf(parameter.schema))} | ` +
+          `${cell(parameter.description)} |`)
       }
     }
     lines.push('', '| Status | Meaning | Body | Headers |', '|---|---|---|---|')
@@ -132,7 +133,8 @@ export function resourcesBlock (doc: OpenApiDocument): string {
     lines.push('| Field | Type | Required | Meaning |', '|---|---|---|---|')
     const required = new Set(schema.required ?? [])
     for (const [field, fieldSchema] of Object.entries(schema.properties ?? {})) {
-      lines.push(`| \`${field}\` | ${cell(typeOf(fieldSchema))} | ${required.has(field) ? 'yes' : 'no: omitted when empty'} | ${cell(fieldSchema.description)} |`)
+      lines.push(`| \`${field}\` | ${cell(typeOf(fieldSchema))} | ${required.has(field) ? 'yes' : 'no: omitted when empty'} | ` +
+        `${cell(fieldSchema.description)} |`)
     }
     lines.push('')
   }

@@ -177,9 +177,11 @@ function renderRunHead (data: RunDetailEnvelope, timeline: Timeline): HTMLElemen
     h('h1', {}, run.goal || run.run_id),
     h('p', { class: 'meta' }, 'Status: ', statusBadge(run.status), ' · ', h('span', { class: 'id' }, run.run_id), ' · started ', time(run.created_at), ' · updated ', time(run.updated_at)),
     run.summary ? h('p', {}, run.summary) : null,
-    failed.length === 0 ? null : h('section', { class: 'attention', 'aria-labelledby': 'failed-title' },
-      h('h2', { id: 'failed-title' }, `Failed (${failed.length})`),
-      h('ul', { class: 'cards' }, ...failed.map((task) => failedItem(run.run_id, task, timeline)))),
+    failed.length === 0
+      ? null
+      : h('section', { class: 'attention', 'aria-labelledby': 'failed-title' },
+        h('h2', { id: 'failed-title' }, `Failed (${failed.length})`),
+        h('ul', { class: 'cards' }, ...failed.map((task) => failedItem(run.run_id, task, timeline)))),
     h('section', { class: 'attention', 'aria-labelledby': 'blocked-title' },
       h('h2', { id: 'blocked-title' }, `Blocked (${waiting})`),
       waiting === 0
@@ -285,8 +287,10 @@ type EventsOf = 'all' | 'run' | 'task'
 
 /** How an event reads in a list: its type, what it concerns (linked), its summary, when. */
 function eventItem (event: Event, on: EventsOf): HTMLElement {
-  const concerns = event.thread_id !== '' ? h('a', { href: threadHref(event.thread_id) }, `thread ${event.thread_id}`)
-    : event.task_id !== '' && event.run_id !== '' && on !== 'task' ? h('a', { href: taskHref(event.run_id, event.task_id) }, `task ${event.task_id}`)
+  const concerns = event.thread_id !== ''
+    ? h('a', { href: threadHref(event.thread_id) }, `thread ${event.thread_id}`)
+    : event.task_id !== '' && event.run_id !== '' && on !== 'task'
+      ? h('a', { href: taskHref(event.run_id, event.task_id) }, `task ${event.task_id}`)
       : on === 'all' && event.run_id !== '' ? h('a', { href: runHref(event.run_id) }, `run ${event.run_id}`) : null
   const inRun = on === 'all' && event.run_id !== '' && (event.thread_id !== '' || event.task_id !== '')
   return h('li', { 'data-event': String(event.event_id) },
@@ -579,9 +583,12 @@ function mountActivity (main: HTMLElement, onStatus: (status: StreamStatus) => v
 const live = document.getElementById('live')!
 /** The header's word on the page's connection; `stopped`: the page reads no more (an unknown run, say), and says why. */
 function showLive (status: StreamStatus | { state: 'down' | 'stopped', text: string }) {
-  const text = 'text' in status ? status.text
-    : status.state === 'live' ? `Live · updated ${new Date().toLocaleTimeString()}`
-      : status.state === 'connecting' ? 'Connecting…'
+  const text = 'text' in status
+    ? status.text
+    : status.state === 'live'
+      ? `Live · updated ${new Date().toLocaleTimeString()}`
+      : status.state === 'connecting'
+        ? 'Connecting…'
         : status.error === undefined ? 'Reconnecting…' : `Offline · retrying… (${status.error.detail})`
   live.textContent = text
   live.className = `live${status.state === 'live' ? ' is-live' : status.state === 'retrying' || status.state === 'down' ? ' is-down' : status.state === 'stopped' ? ' is-stopped' : ''}`

@@ -22,7 +22,7 @@ export interface ClientOptions {
   cacheSize?: number
 }
 
-/** Keyset paging: `cursor` is the page key of the next page, from the `Link: rel="next"` header (not an event cursor). */
+/** Keyset paging: `cursor` is the page key of the next page, from the `Link: rel="next"` header (not an event id). */
 export interface PageQuery {
   limit?: number
   cursor?: string
@@ -268,7 +268,7 @@ export function createReader (options: ClientOptions) {
     let retryMs = DEFAULT_RETRY_MS
     let attempt = 0
     let last = watchOptions.after
-    // Every event kept was asked for (after 0): until the stream moves the cursor, a 410 only says that the oldest kept is past 0.
+    // Every event kept was asked for (after 0): until the stream moves on from 0, a 410 only says that the oldest kept is past 0.
     let fromOldest = last === 0
     let findOldest = false
     const retry = async (reason: string, error?: ApiError) => {
@@ -282,7 +282,7 @@ export function createReader (options: ClientOptions) {
       const abort = () => controller.abort()
       signal?.addEventListener('abort', abort, { once: true })
       try {
-        // Without a cursor, "from now" is fixed first, by the position of the smallest read (any read carries one), so that a reconnect resumes from there.
+        // Without an event id to resume after, "from now" is fixed first, by the position of the smallest read (any read carries one), so that a reconnect resumes from there.
         /* c8 ignore next: ?? 0 only for a service that sends no X-Event-Cursor */
         last ??= (await reads.runsRead({ limit: 1 }, controller.signal)).eventCursor ?? 0
         if (findOldest) {

@@ -32,7 +32,7 @@ export class ApiError extends Error {
 export class CursorExpired extends ApiError {
   override name = 'CursorExpired'
 
-  /** The cursor refused: the request's `after_event_id`. */
+  /** The event id refused: the request's `after_event_id`. */
   get cursor (): number {
     return Number(new URL(this.url).searchParams.get('after_event_id'))
   }

@@ -288,7 +288,7 @@ async function appears (client: Client, read: (signal: AbortSignal) => Promise<u
   signal.addEventListener('abort', abort, { once: true })
   let wake!: () => void
   const events = async () => {
-    for await (const _event of client.watch(filter, { signal: stop.signal })) wake()
+    for await (const _event of client.watch(filter, { signal: stop.signal })) wake() // eslint-disable-line @typescript-eslint/no-unused-vars -- any event wakes the reads
   }
   // The stream only hastens the reads, which meet (and report) its refusals too.
   events().catch(() => {})
@@ -363,7 +363,7 @@ async function watchCommand (client: Client, values: Values, io: Io): Promise<nu
     const missing: Target[] = []
     for (const target of targets) {
       try {
-        for await (const _read of target.follow(options)) break
+        for await (const _read of target.follow(options)) break // eslint-disable-line @typescript-eslint/no-unused-vars, no-unreachable-loop -- the first read only: it throws for a missing target
       } catch (error) {
         if (values['fail-if-missing'] || !isNotFound(error)) throw error
         missing.push(target)

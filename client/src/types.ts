@@ -152,7 +152,7 @@ export interface RunDetail {
 }
 
 export interface Event {
-  /** Monotonic: the only resume cursor */
+  /** Monotonic: the only resume position */
   event_id: number
   /** run_created, run_status, task_added, task_ready, task_dispatched, task_running, task_blocked, task_answered, task_done, task_failed, thread_claim, thread_update, thread_reply, thread_result, council_tallied, council_report_persisted, or another the orchestrator writes (see the event types of docs/reference.md) */
   event_type: EventType

@@ -1,4 +1,4 @@
-import { invalidParameter } from '../../errors.js'
+import { invalidParameter, offsetErrors } from '../../errors.js'
 import { StreamCursorParam, StreamOffsetParam } from '../../schemas/api.js'
 
 /*
@@ -20,6 +20,9 @@ export type StreamOffset = number | 'oldest' | 'now'
 
 export const encodeOffset = (position: number) => position.toString(36).padStart(OFFSET_DIGITS, '0')
 
+/** What an offset that cannot be served answers (410, 400, 503), in the protocol's words. */
+export const OFFSET_ERRORS = offsetErrors(encodeOffset)
+
 /** The `offset` query parameter; absent means `-1`. A malformed one is a 400. */
 export function parseOffset (text: string | undefined): StreamOffset {
   if (text === undefined || text === '-1') return 'oldest'
@@ -29,18 +32,18 @@ export function parseOffset (text: string | undefined): StreamOffset {
   return position
 }
 
-/** The protocol's default interval cursor: 20 s intervals counted from 2024-10-09T00:00:00Z. */
-const CURSOR_EPOCH_MS = Date.UTC(2024, 9, 9)
-const CURSOR_INTERVAL_MS = 20_000
-/** An echoed cursor still current moves on by 1 s to 3600 s (the protocol's jitter), in intervals. */
-const MAX_JITTER_INTERVALS = 3600_000 / CURSOR_INTERVAL_MS
+/** The protocol's default Stream-Cursor: 20 s intervals counted from 2024-10-09T00:00:00Z. */
+const STREAM_CURSOR_ORIGIN_MS = Date.UTC(2024, 9, 9)
+const STREAM_CURSOR_INTERVAL_MS = 20_000
+/** An echoed Stream-Cursor still current moves on by 1 s to 3600 s (the protocol's jitter), in intervals. */
+const MAX_JITTER_INTERVALS = 3600_000 / STREAM_CURSOR_INTERVAL_MS
 
-const CURSOR_PATTERN = /^[0-9]{1,15}$/
+const STREAM_CURSOR_PATTERN = /^[0-9]{1,15}$/
 
 /** The `cursor` query parameter (the Stream-Cursor a client echoes). A malformed one is a 400. */
 export function parseStreamCursor (text: string | undefined): number | undefined {
   if (text === undefined) return undefined
-  if (!CURSOR_PATTERN.test(text)) throw invalidParameter(StreamCursorParam)
+  if (!STREAM_CURSOR_PATTERN.test(text)) throw invalidParameter(StreamCursorParam)
   return Number(text)
 }
 
@@ -50,7 +53,7 @@ export function parseStreamCursor (text: string | undefined): number | undefined
  * that a cache never hands the same answer back in a loop.
  */
 export function nextStreamCursor (now: number, echoed: number | undefined, random = Math.random): string {
-  const current = Math.floor((now - CURSOR_EPOCH_MS) / CURSOR_INTERVAL_MS)
+  const current = Math.floor((now - STREAM_CURSOR_ORIGIN_MS) / STREAM_CURSOR_INTERVAL_MS)
   if (echoed === undefined || echoed < current) return String(current)
   return String(echoed + 1 + Math.floor(random() * MAX_JITTER_INTERVALS))
 }

@@ -1,12 +1,12 @@
 import type { Db } from '../../db/schema.js'
 import type { EventHub } from '../hub.js'
 import { CallerSlots, type Limit } from '../limits.js'
-import { freshEventsAfterKept, settledNow, type EventFilter, type LogState, type StoredEvent } from '../log.js'
-import { assertEventCursorKept, CATCH_UP_PAGE_SIZE, reportable, type EventReader } from '../reader.js'
-import type { StreamOffset } from './offsets.js'
+import { freshEventsAfterKept, settledNow, type EventFilter, type LogState, type StoredEvent } from '../statements.js'
+import { assertPositionKept, CATCH_UP_PAGE_SIZE, reportable, type EventReader } from '../reader.js'
+import { OFFSET_ERRORS, type StreamOffset } from './offsets.js'
 import { Waiter } from './waiter.js'
 
-/** A page of a Durable Streams read: its events, the settled position it reaches, and whether that is the head. */
+/** A page of a Durable Streams read: its events, the settled position it reaches, and whether that is the tail. */
 export interface StreamPage {
   events: StoredEvent[]
   next: number
@@ -29,7 +29,7 @@ export class DurableReads {
   readonly #waiters = new Set<Waiter>()
   readonly #slots: CallerSlots
 
-  /** `longPolls`: the most long-polls at once (STREAMS_MAX_LONG_POLLS), and held by one caller (STREAMS_MAX_LONG_POLLS_PER_CALLER). */
+  /** `longPolls`: the most long-polls at once (DURABLE_STREAMS_MAX_LONG_POLLS), and held by one caller (DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER). */
   constructor (private readonly db: Db, private readonly hub: EventHub, private readonly reader: EventReader, longPolls: Limit) {
     this.#slots = new CallerSlots('long-poll', longPolls)
   }
@@ -44,33 +44,33 @@ export class DurableReads {
     return this.#slots.total
   }
 
-  /** Long-polls refused at STREAMS_MAX_LONG_POLLS (`instance`) and at STREAMS_MAX_LONG_POLLS_PER_CALLER (`caller`). */
+  /** Long-polls refused at DURABLE_STREAMS_MAX_LONG_POLLS (`instance`) and at DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER (`caller`). */
   get refused (): Readonly<CallerSlots['refused']> {
     return this.#slots.refused
   }
 
   /**
-   * A catch-up page: the events after `offset`, up to the settled head,
+   * A catch-up page: the events after `offset`, up to the tail,
    * and the position the client resumes from (never below its own offset:
    * a replica behind the one that handed it out serves nothing until it
    * catches up).
    *
    * `fresh` (a plain catch-up GET or HEAD, which says up to date): up to the
    * settled position of a snapshot taken now, as GET /api/events reads, so
-   * that what was committed before the request is in it; the hub's head may
-   * be a poll behind. A long-poll's own catch-up keeps the head (no query
+   * that what was committed before the request is in it; the hub's tail may
+   * be a poll behind. A long-poll's own catch-up keeps the tail (no query
    * per waiter: what lies above it comes from the hub's next polls).
    */
-  async page (offset: StreamOffset, filter: EventFilter, name: string, fresh = false): Promise<StreamPage> {
+  async page (offset: StreamOffset, filter: EventFilter, fresh = false): Promise<StreamPage> {
     const { hub, reader } = this
     const known = await hub.ready()
     // The tail is always as a read sees it now.
     if (offset === 'now') return { events: [], next: reportable(hub.state!, Math.max(known, await settledNow(this.db, known))), upToDate: true }
     if (!fresh) {
-      if (offset !== 'oldest') return this.#pageOf(await reader.readAfter(offset, filter, name, known), Math.max(offset, known))
+      if (offset !== 'oldest') return this.#pageOf(await reader.readAfter(offset, filter, OFFSET_ERRORS, known), Math.max(offset, known))
       return this.#oldestPage(await reader.readKept(0, filter, known), known)
     }
-    // `settledBy`: a position settled before the read (the hub's head, once it moved past what the read waits for).
+    // `settledBy`: a position settled before the read (the hub's tail, once it moved past what the read waits for).
     const read = (settledBy: number) => freshEventsAfterKept(this.db, offset === 'oldest' ? 0 : offset, filter, CATCH_UP_PAGE_SIZE, settledBy)
     let fresher = await read(known)
     // Every event committed before this read is at or below `pendingTo`.
@@ -79,17 +79,17 @@ export class DurableReads {
       // Some of them lie above the settled position, behind a writer in
       // flight: wait a little for it (the keeper settles most in
       // milliseconds), so that a client reading on does not spin.
-      await hub.headPast(pendingTo - 1, PENDING_WAIT_MS)
-      fresher = await read(Math.max(known, hub.head!))
+      await hub.tailPast(pendingTo - 1, PENDING_WAIT_MS)
+      fresher = await read(Math.max(known, hub.tail!))
     }
     const { state, position, events } = fresher
-    const head = Math.max(known, position)
+    const tail = Math.max(known, position)
     let page: StreamPage
     if (offset === 'oldest') {
-      page = this.#oldestPage({ state, events }, head)
+      page = this.#oldestPage({ state, events }, tail)
     } else {
-      assertEventCursorKept(name, offset, state)
-      page = this.#pageOf(events, Math.max(offset, head))
+      assertPositionKept(OFFSET_ERRORS, offset, state)
+      page = this.#pageOf(events, Math.max(offset, tail))
     }
     // Up to date only with every matching event committed before the read.
     return pendingTo !== undefined && position < pendingTo ? { ...page, upToDate: false } : page
@@ -100,48 +100,48 @@ export class DurableReads {
    * that the hub's next polls hand out, from memory, as soon as a poll ends
    * with one (no query per waiter), else, after `timeoutMs` or when the
    * client goes away (`whenGone` calls the function it is handed), none and
-   * the head. It holds one of `caller`'s slots (see CallerSlots) until it
+   * the tail. It holds one of `caller`'s slots (see CallerSlots) until it
    * answers; refused (a LimitRefusal) when none is left.
    */
-  longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void, caller: string): Promise<StreamPage> {
+  longPoll (offset: StreamOffset, filter: EventFilter, timeoutMs: number, whenGone: (stop: () => void) => void, caller: string): Promise<StreamPage> {
     try {
       this.#slots.take(caller)
     } catch (err) {
       return Promise.reject(err)
     }
     const release = () => { this.#slots.release(caller) }
-    return this.#longPoll(offset, filter, name, timeoutMs, whenGone).then((page) => { release(); return page }, (err: unknown) => { release(); throw err })
+    return this.#longPoll(offset, filter, timeoutMs, whenGone).then((page) => { release(); return page }, (err: unknown) => { release(); throw err })
   }
 
-  #longPoll (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
-    if (typeof offset !== 'number' || this.hub.head === undefined) return this.#longPollFrom(offset, filter, name, timeoutMs, whenGone)
+  #longPoll (offset: StreamOffset, filter: EventFilter, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
+    if (typeof offset !== 'number' || this.hub.tail === undefined) return this.#longPollFrom(offset, filter, timeoutMs, whenGone)
     // A re-poll from a recent offset (a crowd's every poll) is read from the
     // window at once, and waits with no await before it: an async frame kept
     // for each waiting request is what a crowd's scavenges copy. The read and
     // the listening are in one turn, so no event can come between them.
     let page: StreamPage | undefined
     try {
-      page = this.#recentPage(offset, filter, name)
+      page = this.#recentPage(offset, filter)
     } catch (err) {
       return Promise.reject(err)
     }
-    if (page === undefined) return this.#longPollFrom(offset, filter, name, timeoutMs, whenGone)
+    if (page === undefined) return this.#longPollFrom(offset, filter, timeoutMs, whenGone)
     if (page.events.length > 0) return Promise.resolve(page)
     const waiter = this.#listen(new Waiter(filter, offset, CATCH_UP_PAGE_SIZE))
     return waiter.wait(timeoutMs, whenGone).then(() => this.#answer(waiter))
   }
 
   /** longPoll, when the hub is starting, the offset is `now` or `-1`, or the window does not reach back to it. */
-  async #longPollFrom (offset: StreamOffset, filter: EventFilter, name: string, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
-    const head = await this.hub.ready()
+  async #longPollFrom (offset: StreamOffset, filter: EventFilter, timeoutMs: number, whenGone: (stop: () => void) => void): Promise<StreamPage> {
+    const tail = await this.hub.ready()
     // Listening before the catch-up read, for the reason a stream subscribes first (sse/streams.ts).
-    const waiter = this.#listen(new Waiter(filter, offset === 'now' ? head : offset === 'oldest' ? 0 : offset, CATCH_UP_PAGE_SIZE))
+    const waiter = this.#listen(new Waiter(filter, offset === 'now' ? tail : offset === 'oldest' ? 0 : offset, CATCH_UP_PAGE_SIZE))
     try {
       if (offset === 'now') {
-        // The tail as a plain read sees it now (the hub's head may be a poll behind): only what commits after it.
-        waiter.raiseTo((await this.page('now', filter, name, true)).next)
+        // The tail as a plain read sees it now (the hub's tail may be a poll behind): only what commits after it.
+        waiter.raiseTo((await this.page('now', filter, true)).next)
       } else {
-        const page = (offset === 'oldest' ? undefined : this.#recentPage(offset, filter, name)) ?? await this.page(offset, filter, name)
+        const page = (offset === 'oldest' ? undefined : this.#recentPage(offset, filter)) ?? await this.page(offset, filter)
         if (page.events.length > 0) {
           this.#unlisten(waiter)
           return page
@@ -166,31 +166,31 @@ export class DurableReads {
     this.hub.unlisten(waiter)
   }
 
-  /** A wait is over: what the waiter kept, up to the head (between two awaits it covers every event handed out). */
+  /** A wait is over: what the waiter kept, up to the tail (between two awaits it covers every event handed out). */
   #answer (waiter: Waiter): StreamPage {
     this.#unlisten(waiter)
-    return this.#pageOf(waiter.events, Math.max(waiter.afterId, this.hub.head!))
+    return this.#pageOf(waiter.events, Math.max(waiter.afterId, this.hub.tail!))
   }
 
   /** page()'s answer for `offset` from the window of recent events, without a promise; undefined when the table must be read. */
-  #recentPage (offset: number, filter: EventFilter, name: string): StreamPage | undefined {
-    const events = this.reader.recentKeptAfter(offset, filter, name)
-    return events === undefined ? undefined : this.#pageOf(events, Math.max(offset, this.hub.head!))
+  #recentPage (offset: number, filter: EventFilter): StreamPage | undefined {
+    const events = this.reader.recentKeptAfter(offset, filter, OFFSET_ERRORS)
+    return events === undefined ? undefined : this.#pageOf(events, Math.max(offset, this.hub.tail!))
   }
 
   /** A page from `-1`: it starts above the floor (rows at or below it may linger until their partition goes). */
-  #oldestPage ({ state, events }: { state: LogState, events: StoredEvent[] }, head: number): StreamPage {
-    return { ...this.#pageOf(events, head), events: events.filter((event) => event.id > state.floor) }
+  #oldestPage ({ state, events }: { state: LogState, events: StoredEvent[] }, tail: number): StreamPage {
+    return { ...this.#pageOf(events, tail), events: events.filter((event) => event.id > state.floor) }
   }
 
   /**
    * A page of `events`: a full one resumes after its last event, any other
-   * at `head` (everything matching up to it was read), or past it when the
+   * at `tail` (everything matching up to it was read), or past it when the
    * window moved on while it was read.
    */
-  #pageOf (events: StoredEvent[], head: number): StreamPage {
+  #pageOf (events: StoredEvent[], tail: number): StreamPage {
     const full = events.length >= CATCH_UP_PAGE_SIZE
-    const last = events.at(-1)?.id ?? head
-    return { events, next: full ? last : reportable(this.hub.state!, Math.max(head, last)), upToDate: !full }
+    const last = events.at(-1)?.id ?? tail
+    return { events, next: full ? last : reportable(this.hub.state!, Math.max(tail, last)), upToDate: !full }
   }
 }

@@ -1,11 +1,11 @@
 import type { Listener } from '../hub.js'
-import { matchesFilter, type EventFilter, type StoredEvent } from '../log.js'
+import { matchesFilter, type EventFilter, type StoredEvent } from '../statements.js'
 
 /**
  * One long-poll request of the Durable Streams read path, waiting in
  * memory: the hub offers it each matching event as it polls (no query per
  * waiter) and tells it when a poll has handed out everything up to its
- * head. It keeps at most `limit` events after `afterId`, and is done as
+ * tail. It keeps at most `limit` events after `afterId`, and is done as
  * soon as a poll ends with one kept, or when its time is up.
  */
 export class Waiter implements Listener {
@@ -31,8 +31,8 @@ export class Waiter implements Listener {
     if (event.id > this.afterId && this.events.length < this.limit) this.events.push(event)
   }
 
-  /** A poll has handed out everything up to the head: answer if anything came (true when it answers now). */
-  settled (): boolean {
+  /** A poll has handed out everything up to the tail: answer if anything came (true when it answers now). */
+  answer (): boolean {
     if (this.events.length === 0) return false
     this.#done?.()
     return true

@@ -1,9 +1,9 @@
 import type { FastifyBaseLogger, FastifyReply } from 'fastify'
 import type { Db } from '../../db/schema.js'
-import { ApiError, shuttingDown } from '../../errors.js'
+import { ApiError, eventIdErrorsNamed, shuttingDown, type PositionErrors } from '../../errors.js'
 import type { EventHub } from '../hub.js'
 import { CallerSlots } from '../limits.js'
-import { settledNow, type EventFilter, type StoredEvent } from '../log.js'
+import { settledNow, type EventFilter, type StoredEvent } from '../statements.js'
 import { countSent } from '../sent.js'
 import { CATCH_UP_PAGE_SIZE, type EventReader } from '../reader.js'
 import { Subscriber, type StreamFormat, type SubscriberOptions } from './subscriber.js'
@@ -22,16 +22,27 @@ export interface StreamsOptions {
 }
 
 /**
- * Where a stream starts: after an event id a client gave (named `name` in
- * errors), at the current end, or at the oldest event kept.
+ * Where a stream starts: after an event id a client gave (its errors in
+ * the words of `errors`), at the current end, or at the oldest event kept.
  */
-export type StreamStart = { afterId: number, name: string } | 'tail' | 'oldest'
+export type StreamStart = { afterId: number, errors: PositionErrors } | 'tail' | 'oldest'
 
-/** What makes a stream a Durable Streams SSE stream: its wire format (given the head it is up to date at), and when the server ends it. */
-export interface DurableStreamOptions {
-  format: (head: () => number) => StreamFormat
-  maxMs: number
+/** A stream other than the event stream's own (docs/reference.md, "The event stream"), as the Durable Streams SSE mode is. */
+export interface StreamOptions {
+  /** Its wire format, given the tail that it is up to date at. */
+  format?: (tail: () => number) => StreamFormat
+  /**
+   * Catches up to the position a read sees when the stream opens, not
+   * only to the hub's tail (which may be a poll behind): a format that
+   * says it is up to date then has every event committed before.
+   */
+  catchUpToNow?: boolean
+  /** Ends the stream after so long; its client resumes. */
+  maxMs?: number
 }
+
+/** A stream's own position, in the words of what a stream that falls behind logs. */
+const STREAM_POSITION = eventIdErrorsNamed('the stream\'s position')
 
 /**
  * The most often the streams are looked at for keep-alives: once a second,
@@ -60,14 +71,15 @@ export class EventStreams {
     this.#slots = new CallerSlots('stream', { max: options.maxStreams, maxPerCaller: options.maxStreamsPerCaller })
     this.#subscriberOptions = {
       // A stream still catching up when the history's floor passes it ends: its client's reconnect gets the 410.
-      readAfter: (afterId, filter) => reader.readAfter(afterId, filter, 'the stream\'s position'),
+      readAfter: (afterId, filter) => reader.readAfter(afterId, filter, STREAM_POSITION),
       pageSize: CATCH_UP_PAGE_SIZE,
       maxBufferedBytes: options.maxBufferedBytes,
       slowClientMs: options.slowClientMs,
       onDrop: (subscriber, reason, err) => {
         const details = { filter: subscriber.filter, lastId: subscriber.lastId }
         if (err instanceof ApiError && err.code === 'cursor_expired') {
-          options.log.info(details, 'event stream ended: the history\'s floor passed it while it caught up (EVENTS_RETENTION); its client\'s reconnect is answered 410')
+          options.log.info(details, 'event stream ended: the history\'s floor passed it while it caught up (EVENTS_RETENTION); its client\'s ' +
+            'reconnect is answered 410')
         } else {
           options.log.warn({ err, ...details }, `event stream ended: ${reason}`)
         }
@@ -94,14 +106,14 @@ export class EventStreams {
   /**
    * Opens a stream on `reply` (an @fastify/sse reply): every committed
    * event matching `filter` after `start`, exactly once, ascending, then
-   * live; in the Durable Streams SSE format, and ended after a while, when
-   * `durable` says so. The stream holds one of `caller`'s slots (see
+   * live; in another format, read up to a fresher tail, or ended after a
+   * while when `options` say so (StreamOptions). The stream holds one of `caller`'s slots (see
    * CallerSlots) until it ends. Throws before any byte is sent (410, or a
    * transient refusal, a limit's included, that the error handler answers
    * as a retry); after that, failures end the stream and its client
    * resumes from its last position.
    */
-  async open (reply: FastifyReply, filter: EventFilter, start: StreamStart, caller: string, durable?: DurableStreamOptions): Promise<void> {
+  async open (reply: FastifyReply, filter: EventFilter, start: StreamStart, caller: string, options: StreamOptions = {}): Promise<void> {
     const { hub, reader } = this
     const known = await hub.ready()
     // Node tells a response's 'close' once, to the listeners it has then: a
@@ -109,14 +121,14 @@ export class EventStreams {
     // verified, or the hub's first read ran) would leave its stream open
     // for good, holding a slot of SSE_MAX_STREAMS. Nothing is sent to it.
     if (reply.raw.destroyed) return
-    // A Durable Streams read says when it is up to date: it reads up to the
-    // position a read now sees (the hub's head may be a poll behind), set below.
+    const { format, catchUpToNow = false, maxMs } = options
+    // With catchUpToNow, the position a read now sees, set below.
     let upTo = 0
-    const head = () => Math.max(hub.head!, upTo)
-    const options = durable === undefined
-      ? this.#subscriberOptions
-      : { ...this.#subscriberOptions, readAfter: (afterId: number, filter: EventFilter) => reader.readAfter(afterId, filter, 'the stream\'s position', head()) }
-    const subscriber = new Subscriber(reply.raw, filter, typeof start === 'object' ? start.afterId : 0, options, durable?.format(head))
+    const tail = () => Math.max(hub.tail!, upTo)
+    const subscriberOptions = catchUpToNow
+      ? { ...this.#subscriberOptions, readAfter: (afterId: number, filter: EventFilter) => reader.readAfter(afterId, filter, STREAM_POSITION, tail()) }
+      : this.#subscriberOptions
+    const subscriber = new Subscriber(reply.raw, filter, typeof start === 'object' ? start.afterId : 0, subscriberOptions, format?.(tail))
     // The caller's slot (or the refusal), with no await before the close that gives it back is registered.
     this.#slots.take(caller)
     // Subscribed before reading the table: whatever the hub polls from now
@@ -131,14 +143,14 @@ export class EventStreams {
       if (start === 'tail') {
         subscriber.lastId = await settledNow(this.db, known)
       } else {
-        if (durable !== undefined) upTo = await settledNow(this.db, known)
+        if (catchUpToNow) upTo = await settledNow(this.db, known)
         if (start === 'oldest') {
-          const { state: { floor }, events } = await reader.readKept(0, filter, head())
+          const { state: { floor }, events } = await reader.readKept(0, filter, tail())
           subscriber.lastId = floor
           // Rows at or below the floor that linger: the catch-up reads again from the floor.
           firstPage = events.some((event) => event.id <= floor) ? undefined : events
         } else {
-          firstPage = await reader.readAfter(start.afterId, filter, start.name, head())
+          firstPage = await reader.readAfter(start.afterId, filter, start.errors, tail())
         }
       }
       // The hub stopped while this read (its stop left the stream to this check): the client retries, elsewhere.
@@ -157,9 +169,8 @@ export class EventStreams {
     // Node restores it if the connection serves another request.
     reply.raw.socket?.setTimeout(0)
     reply.sse.sendHeaders()
-    if (durable !== undefined) {
-      // The protocol's SSE connections end now and then, so that a cache in front collapses the reconnects.
-      const timer = setTimeout(() => subscriber.end(), durable.maxMs)
+    if (maxMs !== undefined) {
+      const timer = setTimeout(() => subscriber.end(), maxMs)
       reply.raw.once('close', () => clearTimeout(timer))
     }
     subscriber.write(`retry: ${this.options.retryMs}\n\n`)
@@ -171,11 +182,11 @@ export class EventStreams {
    * the hub's ticks, at most every SWEEP_MAX_INTERVAL_MS or a tenth of
    * keepAliveMs): a quiet stream hears within that much past keepAliveMs.
    */
-  sweep (now: number, head: number): void {
+  sweep (now: number, tail: number): void {
     const { keepAliveMs } = this.options
     if (now - this.#sweptAt < Math.min(SWEEP_MAX_INTERVAL_MS, keepAliveMs / 10)) return
     this.#sweptAt = now
-    for (const subscriber of this.#subscribers.keys()) subscriber.heartbeat(now, head, keepAliveMs)
+    for (const subscriber of this.#subscribers.keys()) subscriber.heartbeat(now, tail, keepAliveMs)
   }
 
   /**
@@ -184,7 +195,9 @@ export class EventStreams {
    * takes no bytes).
    */
   flushed (maxMs: number): Promise<void> {
-    const pending = [...this.#subscribers.keys()].map((subscriber) => subscriber.response).filter((response) => response.writableEnded && !response.writableFinished && !response.destroyed)
+    const pending = [...this.#subscribers.keys()]
+      .map((subscriber) => subscriber.response)
+      .filter((response) => response.writableEnded && !response.writableFinished && !response.destroyed)
     if (pending.length === 0) return Promise.resolve()
     return new Promise((resolve) => {
       let left = pending.length

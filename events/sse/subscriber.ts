@@ -1,7 +1,7 @@
 import type { ServerResponse } from 'node:http'
 import { Socket } from 'node:net'
 import type { Listener } from '../hub.js'
-import { matchesFilter, type EventFilter, type StoredEvent } from '../log.js'
+import { matchesFilter, type EventFilter, type StoredEvent } from '../statements.js'
 
 /**
  * The frame of the last event built: the hub hands one event to every
@@ -46,7 +46,7 @@ export interface StreamFormat {
   /**
    * A catch-up page at once (the Durable Streams SSE mode): its events, then
    * one word of where the client is, at `position` or, `upToDate`, at the
-   * head if that is further; returns the text and the position told.
+   * tail if that is further; returns the text and the position told.
    */
   batch?: (events: StoredEvent[], position: number, upToDate: boolean) => { text: string, position: number }
 }
@@ -154,7 +154,7 @@ export class Subscriber implements Listener {
       for (;;) {
         const last = page.length < this.options.pageSize
         if (this.format.batch !== undefined) {
-          // The last page, the live events that came meanwhile and the head: one batch, one word that it is up to date.
+          // The last page, the live events that came meanwhile and the tail: one batch, one word that it is up to date.
           const waiting = last ? this.#takeWaiting() : undefined
           if (!this.#sendBatch(waiting === undefined ? page : [...page, ...waiting], waiting !== undefined) && !await this.#drained()) return
           if (waiting !== undefined || this.closed) return
@@ -175,15 +175,15 @@ export class Subscriber implements Listener {
 
   /**
    * Called periodically: after its share of keepAliveMs without a write, moves a quiet
-   * (filtered) client's cursor to the hub's head with an id-only block, and
+   * (filtered) client's event id to the hub's tail with an id-only block, and
    * sends a keep-alive comment so proxies keep the connection open.
    */
-  heartbeat (now: number, head: number, keepAliveMs: number): void {
+  heartbeat (now: number, tail: number, keepAliveMs: number): void {
     if (!this.isLive || now - this.lastWriteAt < keepAliveMs * this.#quietShare) return
     let text = KEEP_ALIVE
-    if (head > this.lastId) {
-      this.lastId = head
-      text = this.format.position(head) + text
+    if (tail > this.lastId) {
+      this.lastId = tail
+      text = this.format.position(tail) + text
     }
     this.write(text)
   }

@@ -26,7 +26,8 @@ function nameOf (host: string): string {
 export default fp(async function allowedHostsPlugin (app) {
   const { HOST, AUTH_MODE } = app.config
   if (AUTH_MODE === 'none') {
-    app.log.warn({ HOST, AUTH_MODE }, 'authentication is off (AUTH_MODE=none): every run, task, thread, message and event is served to anyone who reaches this port')
+    app.log.warn({ HOST, AUTH_MODE }, 'authentication is off (AUTH_MODE=none): every run, task, thread, message and event is served to anyone who ' +
+      'reaches this port')
   }
   const allowed = allowedHostsOf(app.config)
   if (authenticationOn(app.config) || allowed === undefined) return

@@ -8,7 +8,8 @@ declare module 'fastify' {
     /**
      * Whether a request is for an event stream: then a transient refusal is
      * answered so that an EventSource retries (docs/reference.md, "The event stream"). A
-     * function, since a Durable Streams read is a stream only with live=sse.
+     * function, since a Durable Streams read is a stream only with live=sse;
+     * it also says which requests @fastify/sse's wrapper runs for (events.ts).
      */
     eventStream?: (request: FastifyRequest) => boolean
   }

@@ -10,7 +10,7 @@ import { authenticationOn } from '../../config.js'
  * - `recent`: an events page that may still grow (not full, or starting
  *   from the moving floor): at most a few seconds stale.
  * - `immutable`: a full events page of settled events after an explicit
- *   cursor; no event can ever join it, so it can be kept forever.
+ *   event id; no event can ever join it, so it can be kept forever.
  * - `stream`: a Durable Streams catch-up or long-poll page (docs/reference.md,
  *   "Durable Streams"; the protocol's "Caching and Collapsing"): a minute, then
  *   served stale while revalidated, so that a cache collapses a crowd.
@@ -62,9 +62,9 @@ export function cacheControls (authEnabled: boolean): Record<CacheKind, string> 
 
 /**
  * The strong tag of a body: the first 128 bits of its SHA-256, cheap on
- * CPUs with SHA extensions (the figures: BENCHMARKS.md, "The tag: hashed in
- * Node.js, from the bytes sent"). Hashing the bytes that are sent makes the tag exactly as
- * strong as the body: same bytes, same tag.
+ * CPUs with SHA extensions and cheaper here than in Postgres. Hashing the
+ * bytes that are sent makes the tag exactly as strong as the body: same
+ * bytes, same tag.
  */
 export const entityTag = (body: Buffer) => `"${hash('sha256', body, 'base64url').slice(0, 22)}"`
 

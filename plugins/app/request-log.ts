@@ -79,7 +79,7 @@ export function requestLogger (logger: FastifyBaseLogger, bindings: Bindings, op
 /**
  * Liveness and readiness probes: polled every few seconds by orchestrators
  * and load balancers, they are logged at debug, so that they neither drown
- * the request log nor cost a log write each (BENCHMARKS.md).
+ * the request log nor cost a log write each.
  */
 export const PROBES = new Set(['/health', '/ready'])
 

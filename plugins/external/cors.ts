@@ -16,7 +16,9 @@ export default fp(async function corsPlugin (app) {
     origin: origins.includes('*') ? '*' : origins,
     methods: ['GET', 'HEAD', 'OPTIONS'],
     allowedHeaders: ['Authorization', 'Last-Event-ID', 'Content-Type', 'X-Request-Id', 'If-None-Match'],
-    exposedHeaders: ['X-Event-Cursor', 'Link', 'X-Request-Id', 'Retry-After', 'ETag', 'Stream-Next-Offset', 'Stream-Up-To-Date', 'Stream-Cursor', 'Stream-Closed'],
+    exposedHeaders: [
+      'X-Event-Cursor', 'Link', 'X-Request-Id', 'Retry-After', 'ETag', 'Stream-Next-Offset', 'Stream-Up-To-Date', 'Stream-Cursor', 'Stream-Closed'
+    ],
     maxAge: 600
   })
 }, { name: 'cors', decorators: { fastify: ['config'] } })

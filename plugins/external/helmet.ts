@@ -46,8 +46,8 @@ export const helmetOptions: HelmetOptions = {
  * The headers helmet sets with these options: they depend on nothing else
  * (no nonces), so they are computed once, by helmet itself, on a response
  * that only records them. (@fastify/helmet rebuilds helmet's middleware,
- * parsing the policy, on every request: a tenth of /health's time in the
- * profile of BENCHMARKS.md. test/security-headers.test.ts checks that the
+ * parsing the policy, on every request: a visible share of a cheap
+ * request's time in a profile. test/security-headers.test.ts checks that the
  * headers are exactly those @fastify/helmet sets with the same options.)
  */
 export function securityHeaders (): Record<string, string> {
@@ -80,8 +80,7 @@ export const API_CONTENT_SECURITY_POLICY = "default-src 'none'; frame-ancestors 
  * agent-cluster isolation, DNS prefetch, the old IE and Flash switches,
  * framing again, and the cross-origin resource policy (which CORS reads,
  * the API's only cross-origin use, never consult). On the probes, the API
- * and its errors they only cost: the twelve were a quarter of /health's
- * time, each about 0.2 µs a request (BENCHMARKS.md).
+ * and its errors they would only cost time on every answer.
  */
 export function apiSecurityHeaders (helmets: Record<string, string>): Record<string, string> {
   return { 'content-security-policy': API_CONTENT_SECURITY_POLICY, 'x-content-type-options': helmets['x-content-type-options']! }

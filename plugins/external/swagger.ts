@@ -17,7 +17,8 @@ export default fp(async function swaggerPlugin (app) {
       openapi: '3.0.3',
       info: {
         title: 'Orchestration control plane API',
-        description: 'The read-only HTTP/JSON API and live event stream over the state of an orchestration control plane: runs, tasks, blocked tasks, threads, messages, artifacts and events. Every read carries X-Event-Cursor, the event stream position it was read at.',
+        description: 'The read-only HTTP/JSON API and live event stream over the state of an orchestration control plane: runs, tasks, blocked ' +
+          'tasks, threads, messages, artifacts and events. Every read carries X-Event-Cursor, the event stream position it was read at.',
         version: pkg.version
       },
       tags: [
@@ -30,7 +31,12 @@ export default fp(async function swaggerPlugin (app) {
       ],
       components: {
         securitySchemes: {
-          bearerToken: { type: 'http', scheme: 'bearer', description: 'One of API_TOKENS, or a JWT of an identity provider of AUTH_ISSUERS; required on /api (but /api/auth) and /metrics when authentication is on. The stream routes also take a stream token (GET /api/stream-token), here or as ?stream_token=.' }
+          bearerToken: {
+            type: 'http',
+            scheme: 'bearer',
+            description: 'One of API_TOKENS, or a JWT of an identity provider of AUTH_ISSUERS; required on /api (but /api/auth) and /metrics when ' +
+              'authentication is on. The stream routes also take a stream token (GET /api/stream-token), here or as ?stream_token=.'
+          }
         }
       },
       ...(authEnabled ? { security: [{ bearerToken: [] }] } : {})

@@ -22,10 +22,12 @@ const authRoutes: FastifyPluginAsyncTypebox = async (app) => {
       security: [],
       tags: ['auth'],
       summary: 'Whether a token is required, and the identity provider to sign in with',
-      description: 'Never needs a token. `sign_in` names the identity provider the web UI signs in with (authorization code with PKCE), when AUTH_ISSUERS gives one a ui_client_id.',
+      description: 'Never needs a token. `sign_in` names the identity provider the web UI signs in with (authorization code with PKCE), when ' +
+        'AUTH_ISSUERS gives one a ui_client_id.',
       response: {
         200: { ...Type.Ref('AuthInfo', { description: 'How to authenticate' }), headers: { 'cache-control': Type.String({ description: '`no-store`' }) } },
         400: commonErrors[400],
+        421: commonErrors[421],
         500: commonErrors[500],
         503: errorResponse('`unavailable`: the identity provider\'s discovery document could not be fetched')
       }
@@ -42,10 +44,22 @@ const authRoutes: FastifyPluginAsyncTypebox = async (app) => {
       tags: ['auth'],
       security: [],
       summary: 'Clears what the browser keeps of a signed-in session',
-      description: 'Never needs a token, and changes nothing on the service. Answers `Clear-Site-Data: "cache", "storage"`: the browser drops every answer of this origin it cached (read with the token now signed out) and this origin\'s storage (the token the web UI keeps). The web UI asks for it when it signs out. Not sent to a request from another site (`Sec-Fetch-Site: cross-site` or `same-site`): no other page can sign a user out.',
+      description: 'Never needs a token, and changes nothing on the service. Answers `Clear-Site-Data: "cache", "storage"`: the browser drops ' +
+        'every answer of this origin it cached (read with the token now signed out) and this origin\'s storage (the token the web UI keeps). The ' +
+        'web UI asks for it when it signs out. Not sent to a request from another site (`Sec-Fetch-Site: cross-site` or `same-site`): no other ' +
+        'page can sign a user out.',
       response: {
-        204: Type.Null({ description: 'Done', headers: { 'clear-site-data': Type.String({ description: '`"cache", "storage"`; absent for a request from another site' }), 'cache-control': Type.String({ description: '`no-store`' }) } }),
+        204: Type.Null({
+          description: 'Done',
+          headers: {
+            'clear-site-data': Type.String({
+              description: '`"cache", "storage"`; absent for a request from another site'
+            }),
+            'cache-control': Type.String({ description: '`no-store`' })
+          }
+        }),
         400: commonErrors[400],
+        421: commonErrors[421],
         500: commonErrors[500]
       }
     }
@@ -60,10 +74,19 @@ const authRoutes: FastifyPluginAsyncTypebox = async (app) => {
       operationId: 'getStreamToken',
       tags: ['auth'],
       summary: 'A short-lived token that opens one stream from its URL',
-      description: `For clients that cannot send headers (a browser EventSource): pass \`token\` as \`stream_token\` in the URL of /api/events/stream or a /api/streams route, instead of a long-lived token. It opens the streams its scope covers (the filters given here; none: every stream) until \`expires_at\` (STREAM_TOKEN_TTL_S, ${app.config.STREAM_TOKEN_TTL_S} s here); a stream open then stays open, and a reconnect after it gets a 401: get a new token and reconnect. Asked for with the caller's own credentials; a stream token cannot ask for another.`,
+      description: 'For clients that cannot send headers (a browser EventSource): pass `token` as `stream_token` in the URL of /api/events/stream ' +
+        'or a /api/streams route, instead of a long-lived token. It opens the streams its scope covers (the filters given here; ' +
+        `none: every stream) until \`expires_at\` (STREAM_TOKEN_TTL_S, ${app.config.STREAM_TOKEN_TTL_S} s here); a stream open then stays open, ` +
+        "and a reconnect after it gets a 401: get a new token and reconnect. Asked for with the caller's own credentials; a stream token cannot " +
+        'ask for another.',
       querystring: StreamTokenQuery,
       response: {
-        200: { ...Type.Ref('StreamToken', { description: 'The token and what it opens' }), headers: { 'cache-control': Type.String({ description: '`no-store`' }) } },
+        200: {
+          ...Type.Ref('StreamToken', {
+            description: 'The token and what it opens'
+          }),
+          headers: { 'cache-control': Type.String({ description: '`no-store`' }) }
+        },
         ...commonErrors
       }
     }

@@ -2,14 +2,17 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify'
 import { getRunDetail, getTaskDetail, listBlockedTasks, listRunTasks, listRuns, type PageKey, type PagedBody } from '../../db/queries.js'
 import { invalidParameter, notFound } from '../../errors.js'
-import { CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageKeyParam, PageQuery, parseLimit, parseStatuses, readResponse, RunParams, RunsQuery, TaskParams, taskNotFoundErrors } from '../../schemas/api.js'
+import {
+  CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageKeyParam, PageQuery, parseLimit, parseStatuses, readResponse,
+  RunParams, RunsQuery, TaskParams, taskNotFoundErrors
+} from '../../schemas/api.js'
 
 // ---- keyset paging (docs/reference.md, "Ordering and pages") -----------------------------------
 
 /*
  * A page key is where the next page of a list starts: the sort key of the
  * previous page's last item. On the wire it is the opaque `cursor` query
- * parameter (docs/reference.md, "Ordering and pages"), which is not an event cursor; here it is
+ * parameter (docs/reference.md, "Ordering and pages"), which is not an event id; here it is
  * called a page key.
  */
 
@@ -80,7 +83,8 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
       operationId: 'listRuns',
       tags: ['runs'],
       summary: 'Runs, newest first, each with its task counts',
-      description: `Newest first (created_at desc, run_id desc). Without \`limit\`, at most ${RUN_LIST_DEFAULT_LIMIT} runs (RUN_LIST_DEFAULT_LIMIT); a Link rel="next" header is sent whenever more remain, keeping \`status\` and \`blocked\`.`,
+      description: `Newest first (created_at desc, run_id desc). Without \`limit\`, at most ${RUN_LIST_DEFAULT_LIMIT} runs ` +
+        '(RUN_LIST_DEFAULT_LIMIT); a Link rel="next" header is sent whenever more remain, keeping `status` and `blocked`.',
       querystring: RunsQuery,
       headers: ConditionalHeaders,
       response: { 200: readResponse('RunList', 'The runs, newest first', CACHE_CONTROL_DOCS.state), ...notModified, ...commonErrors }
@@ -138,7 +142,8 @@ const runRoutes: FastifyPluginAsyncTypebox = async (app) => {
       operationId: 'getTaskDetail',
       tags: ['runs'],
       summary: 'A task with all its attempts and threads, from one snapshot',
-      description: 'Every field of the task, its attempts (attempt_no desc) and its threads (created_at desc, then thread_id desc; each thread\'s messages: getThreadDetail).',
+      description: 'Every field of the task, its attempts (attempt_no desc) and its threads (created_at desc, then thread_id desc; each thread\'s ' +
+        'messages: getThreadDetail).',
       params: TaskParams,
       headers: ConditionalHeaders,
       response: { 200: readResponse('TaskDetailEnvelope', 'The task in detail', CACHE_CONTROL_DOCS.state), ...notModified, ...taskNotFoundErrors }

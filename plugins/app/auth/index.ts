@@ -114,7 +114,8 @@ export default fp(async function authPlugin (app) {
       fromStreamParameter = true
     } else if (streamScope !== undefined && (token = queryValue(request, 'access_token')) !== undefined) {
       if (!config.AUTH_ALLOW_TOKEN_IN_URL) {
-        throw new UnauthorizedError('a long-lived token in the URL (access_token) is refused: send it in the Authorization header, or open the stream with a stream token (GET /api/stream-token) as stream_token', true)
+        throw new UnauthorizedError('a long-lived token in the URL (access_token) is refused: send it in the Authorization header, or open the ' +
+          'stream with a stream token (GET /api/stream-token) as stream_token', true)
       }
     } else {
       throw new UnauthorizedError('a bearer token is required', false)
@@ -128,7 +129,9 @@ export default fp(async function authPlugin (app) {
     try {
       iss = decodeJwt(token).iss
     } catch {
-      throw new UnauthorizedError(fromStreamParameter ? 'stream_token is not a stream token (get one from GET /api/stream-token)' : 'the token is not one this service accepts', true)
+      throw new UnauthorizedError(fromStreamParameter
+        ? 'stream_token is not a stream token (get one from GET /api/stream-token)'
+        : 'the token is not one this service accepts', true)
     }
     if (iss === STREAM_TOKEN_ISSUER) {
       if (streamScope === undefined) throw new UnauthorizedError('a stream token opens only the stream routes it was made for', true)

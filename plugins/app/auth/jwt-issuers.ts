@@ -76,7 +76,9 @@ class Issuer {
   async keySet (): Promise<ReturnType<typeof createRemoteJWKSet>> {
     if (this.keys === undefined) {
       const { jwks_uri: jwksUri } = await this.discover()
-      this.keys ??= createRemoteJWKSet(new URL(jwksUri), { timeoutDuration: FETCH_TIMEOUT_MS, cooldownDuration: this.tuning.jwksCooldownMs, cacheMaxAge: this.tuning.rememberMs, [jwksCache]: this.fetchedKeys })
+      this.keys ??= createRemoteJWKSet(new URL(jwksUri), {
+        timeoutDuration: FETCH_TIMEOUT_MS, cooldownDuration: this.tuning.jwksCooldownMs, cacheMaxAge: this.tuning.rememberMs, [jwksCache]: this.fetchedKeys
+      })
     }
     return this.keys
   }
@@ -121,7 +123,8 @@ function refusal (error: unknown): UnauthorizedError | undefined {
   if (error instanceof errors.JOSEAlgNotAllowed) return new UnauthorizedError('the token\'s signature algorithm is not accepted', true)
   if (error instanceof errors.JWKSNoMatchingKey) return new UnauthorizedError('the token is signed with a key its issuer does not publish', true)
   if (error instanceof errors.JWSSignatureVerificationFailed) return new UnauthorizedError('the token\'s signature does not verify', true)
-  if (error instanceof errors.JWSInvalid || error instanceof errors.JWTInvalid || error instanceof errors.JOSENotSupported || error instanceof errors.JWKSMultipleMatchingKeys) {
+  if (error instanceof errors.JWSInvalid || error instanceof errors.JWTInvalid ||
+    error instanceof errors.JOSENotSupported || error instanceof errors.JWKSMultipleMatchingKeys) {
     return new UnauthorizedError('the token is malformed', true)
   }
   return undefined
@@ -229,6 +232,12 @@ export class JwtIssuers {
       throw identityProviderUnavailable(issuer.config.issuer)
     }
     if (document.authorization_endpoint === undefined || document.token_endpoint === undefined) return null
-    return { issuer: issuer.config.issuer, authorization_endpoint: document.authorization_endpoint, token_endpoint: document.token_endpoint, client_id: issuer.config.ui_client_id!, scope: 'openid' }
+    return {
+      issuer: issuer.config.issuer,
+      authorization_endpoint: document.authorization_endpoint,
+      token_endpoint: document.token_endpoint,
+      client_id: issuer.config.ui_client_id!,
+      scope: 'openid'
+    }
   }
 }

@@ -75,7 +75,9 @@ export class StreamTokens {
       return { scope, caller: payload.sub }
     } catch (error) {
       if (error instanceof errors.JWTExpired) throw new UnauthorizedError('the stream token has expired: get a new one from GET /api/stream-token', true)
-      if (error instanceof errors.JOSEError) throw new UnauthorizedError('the stream token is not valid (its signature does not verify, or it is malformed)', true)
+      if (error instanceof errors.JOSEError) {
+        throw new UnauthorizedError('the stream token is not valid (its signature does not verify, or it is malformed)', true)
+      }
       throw error
     }
   }

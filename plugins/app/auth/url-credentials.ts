@@ -9,7 +9,8 @@ export const URL_CREDENTIALS = ['stream_token', 'access_token']
 const CREDENTIALS = new Set(URL_CREDENTIALS)
 
 /** A parameter's name as a query parser reads it (`+` a space, each `%XX` its byte), lower-cased; a malformed escape stays as written. */
-const decodedName = (name: string) => name.replace(/\+/g, ' ').replace(/%([0-9a-f]{2})/gi, (_, hex: string) => String.fromCharCode(Number.parseInt(hex, 16))).toLowerCase()
+const decodedName = (name: string) => name.replace(/\+/g, ' ')
+  .replace(/%([0-9a-f]{2})/gi, (_, hex: string) => String.fromCharCode(Number.parseInt(hex, 16))).toLowerCase()
 
 /**
  * A URL (or path and query) with every credential's value replaced by

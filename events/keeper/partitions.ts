@@ -12,7 +12,7 @@ import { partitionName } from '../../db/migrations/0004_events_partitioned_by_id
  * never fails when the keeper is down. With a retention, whole partitions
  * are dropped once all their events are older than it and no id in their
  * range can still commit, and the history's floor (event_log_state) is
- * raised, in the same transaction, to the highest id dropped: a cursor
+ * raised, in the same transaction, to the highest id dropped: an event id
  * below it has missed events, and is answered 410 cursor_expired.
  */
 
@@ -91,7 +91,7 @@ export async function listPartitions (client: pg.ClientBase): Promise<EventParti
 /** A range's first id, MINVALUE as -Infinity. */
 const startOf = (range: RangePartition) => range.start ?? -Infinity
 
-/** The highest id drawn from the sequence, and the database's clock (epoch ms). */
+/** The highest id drawn from the sequence, and the database's clock (Unix ms). */
 export async function sequencePosition (client: pg.ClientBase): Promise<{ drawn: number, nowMs: number }> {
   const { rows: [row] } = await client.query<{ drawn: string, now_ms: string }>(`
     select (case when is_called then last_value else last_value - 1 end)::text as drawn,
@@ -125,7 +125,9 @@ export const isLockTimeout = (err: unknown) => (err as { code?: unknown })?.code
  * starts above the default's highest id, read under the lock ATTACH takes
  * on it anyway. Returns the range made.
  */
-export async function createRange (client: pg.ClientBase, start: number, size: number, defaultPartition: string | undefined, lockTimeoutMs: number): Promise<RangePartition> {
+export async function createRange (
+  client: pg.ClientBase, start: number, size: number, defaultPartition: string | undefined, lockTimeoutMs: number
+): Promise<RangePartition> {
   return inTransaction(client, lockTimeoutMs, async () => {
     let first = start
     if (defaultPartition !== undefined) {
@@ -215,7 +217,9 @@ export async function dropRange (client: pg.ClientBase, partition: string, lockT
  * are settled, together with any younger row below the highest of them
  * (rows straddling the boundary), and raises the floor to match.
  */
-export async function deleteExpiredDefaultRows (client: pg.ClientBase, partition: string, retentionMs: number, below: number, settled: number): Promise<{ deleted: number, floor: number }> {
+export async function deleteExpiredDefaultRows (
+  client: pg.ClientBase, partition: string, retentionMs: number, below: number, settled: number
+): Promise<{ deleted: number, floor: number }> {
   const table = quoteId(partition)
   const { rows: [row] } = await client.query<{ deleted: string, floor: string }>(`
     with doomed as (
@@ -233,15 +237,17 @@ export async function deleteExpiredDefaultRows (client: pg.ClientBase, partition
   return { deleted: Number(row!.deleted), floor: Number(row!.floor) }
 }
 
-/** The newest created_at of a partition (epoch ms; null when empty): one scan, done once a range is settled. */
+/** The newest created_at of a partition (Unix ms; null when empty): one scan, done once a range is settled. */
 async function newestCreatedAt (client: pg.ClientBase, partition: string): Promise<number | null> {
-  const { rows: [row] } = await client.query<{ ms: string | null }>(`select (extract(epoch from max(created_at)) * 1000)::bigint::text as ms from ${quoteId(partition)}`)
+  const { rows: [row] } = await client.query<{ ms: string | null }>(
+    `select (extract(epoch from max(created_at)) * 1000)::bigint::text as ms from ${quoteId(partition)}`)
   return row!.ms === null ? null : Number(row!.ms)
 }
 
-/** The created_at of a partition's first event (epoch ms; null when empty), by its primary key. */
+/** The created_at of a partition's first event (Unix ms; null when empty), by its primary key. */
 async function firstCreatedAt (client: pg.ClientBase, partition: string): Promise<number | null> {
-  const { rows: [row] } = await client.query<{ ms: string }>(`select (extract(epoch from created_at) * 1000)::bigint::text as ms from ${quoteId(partition)} order by event_id limit 1`)
+  const { rows: [row] } = await client.query<{ ms: string }>(
+    `select (extract(epoch from created_at) * 1000)::bigint::text as ms from ${quoteId(partition)} order by event_id limit 1`)
   return row === undefined ? null : Number(row.ms)
 }
 
@@ -286,7 +292,7 @@ export class PartitionKeeper {
   #skipped = 0
   /** Newest created_at of settled partitions, by name: they receive no more events. */
   readonly #newest = new Map<string, number | null>()
-  /** When this keeper first saw the sequence inside a range (epoch ms), by name. */
+  /** When this keeper first saw the sequence inside a range (Unix ms), by name. */
   readonly #openedAt = new Map<string, number>()
 
   constructor (readonly options: KeeperOptions) {}
@@ -357,7 +363,8 @@ export class PartitionKeeper {
       // the default partition, and a range attached under them would make those inserts fail.
       const start = top === undefined || top <= drawn ? drawn + 1 + this.inFlightMargin : top
       let range: RangePartition | undefined
-      if (!await this.#whenFree('a range ahead is made', async () => { range = await createRange(client, start, size, partitions.defaultPartition, this.options.lockTimeoutMs) })) return
+      const create = async () => { range = await createRange(client, start, size, partitions.defaultPartition, this.options.lockTimeoutMs) }
+      if (!await this.#whenFree('a range ahead is made', create)) return
       this.options.log.debug({ partition: range!.name, start: range!.start, end: range!.end }, 'event history: range made ahead of the sequence')
       top = range!.end
     }
@@ -396,12 +403,14 @@ export class PartitionKeeper {
       const newest = this.#newest.get(range.name)!
       if (newest !== null && newest >= cutoffMs) break
       let floor = 0
-      if (!await this.#whenFree(`${range.name}, expired, is dropped`, async () => { floor = await dropRange(client, range.name, this.options.lockTimeoutMs) })) return
+      const drop = async () => { floor = await dropRange(client, range.name, this.options.lockTimeoutMs) }
+      if (!await this.#whenFree(`${range.name}, expired, is dropped`, drop)) return
       this.#newest.delete(range.name)
       this.onFloorRaised(floor)
       this.dropped++
       dropped++
-      this.options.log.info({ partition: range.name, end: range.end, newestCreatedAt: newest === null ? null : new Date(newest).toISOString(), historyFloor: floor },
+      const newestAt = newest === null ? null : new Date(newest).toISOString()
+      this.options.log.info({ partition: range.name, end: range.end, newestCreatedAt: newestAt, historyFloor: floor },
         'event history: partition dropped (every event in it older than EVENTS_RETENTION)')
       below = Infinity
     }

@@ -1,7 +1,7 @@
 import type pg from 'pg'
 
 /*
- * The event log's upkeep, on a connection that may write (never the request
+ * The event log's keeper, on a connection that may write (never the request
  * pool): the settled position every reader relies on, and the partitions
  * that bound the history (partitions.ts). Run by one replica at a time: the
  * holder of the keeper's lease (events_take_lease, db/sql/keeper.sql).

@@ -52,7 +52,7 @@ export interface LogState {
    */
   epoch: number
   epochBase: number
-  /** Ranges (after, through] of ids skipped at a failover or a restart: a cursor in one may have seen events that are gone. */
+  /** Ranges (after, through] of ids skipped at a failover or a restart: an event id in one may have seen events that are gone. */
   reissued: Array<[number, number]>
   /**
    * Whether the database may have lost commits that the keeper has not
@@ -67,7 +67,11 @@ export interface LogState {
   preparedWriters: number
   /** Seconds since the keeper last published the settled position. */
   settledAge: number
-  /** The highest id the log has handed out (the sequence, or the keeper's last census if the sequence was just moved back): no cursor above it was ever given. Infinity on a hot standby, which cannot tell. */
+  /**
+   * The highest id the log has handed out (the sequence, or the keeper's last
+   * census if the sequence was just moved back): no event id above it was ever
+   * given. Infinity on a hot standby, which cannot tell.
+   */
   drawn: number
 }
 
@@ -91,7 +95,8 @@ const logStateRow = sql<LogStateRow>`(select s.settled::text, s.history_floor::t
     case when t.is_primary then pg_sequence_last_value('events_ids_safe') is null or coalesce(pg_sequence_last_value('events_forks'), 0) > s.forks
       else false end as loss_pending,
     s.waiting_pid, s.waiting_transaction, s.prepared_writers,
-    extract(epoch from clock_timestamp() - s.settled_at)::float8 as settled_age, case when t.drawn is null then 'Infinity' else greatest(t.drawn, s.census_drawn)::text end as drawn
+    extract(epoch from clock_timestamp() - s.settled_at)::float8 as settled_age,
+    case when t.drawn is null then 'Infinity' else greatest(t.drawn, s.census_drawn)::text end as drawn
   from event_log_state s, (select not pg_is_in_recovery() as is_primary, d.drawn from events_id_drawn d) t)`
 
 const toLogState = (row: LogStateRow): LogState => ({
@@ -108,9 +113,9 @@ const toLogState = (row: LogStateRow): LogState => ({
   drawn: Number(row.drawn)
 })
 
-/** The reissued range (after, through] that holds `cursor`, if one does. */
-export const reissuedRange = (state: Pick<LogState, 'reissued'>, cursor: number): [number, number] | undefined =>
-  state.reissued.find(([after, through]) => cursor > after && cursor <= through)
+/** The reissued range (after, through] that holds `eventId`, if one does. */
+export const reissuedRange = (state: Pick<LogState, 'reissued'>, eventId: number): [number, number] | undefined =>
+  state.reissued.find(([after, through]) => eventId > after && eventId <= through)
 
 /**
  * The history's floor (EVENTS_RETENTION), one row: every event at or below
@@ -169,10 +174,12 @@ const toStoredEvent = (row: { event_id: string, run_id: string, thread_id: strin
  * Up to `limit` events in (afterId, upTo] that match `filter`, ascending,
  * with the keeper's state read in the same statement: the events are only
  * what the client missed when `afterId` is at or above the history's floor
- * and in no reissued range. `upTo` must be settled (the hub's head):
+ * and in no reissued range. `upTo` must be settled (the hub's tail):
  * nothing above it is read.
  */
-export async function eventsAfterKept (db: Db, afterId: number, filter: EventFilter, limit: number, upTo: number): Promise<{ state: LogState, events: StoredEvent[] }> {
+export async function eventsAfterKept (
+  db: Db, afterId: number, filter: EventFilter, limit: number, upTo: number
+): Promise<{ state: LogState, events: StoredEvent[] }> {
   return withLogState(db, storedEvents(matchingAfter(db, afterId, filter, limit, upTo)))
 }
 
@@ -184,7 +191,9 @@ export async function eventsAfterKept (db: Db, afterId: number, filter: EventFil
  * in flight), if any. Every matching event committed before the statement
  * began is at or below `position`, or at or below `pendingTo`.
  */
-export async function freshEventsAfterKept (db: Db, afterId: number, filter: EventFilter, limit: number, known: number): Promise<{ state: LogState, position: number, events: StoredEvent[], pendingTo: number | undefined }> {
+export async function freshEventsAfterKept (
+  db: Db, afterId: number, filter: EventFilter, limit: number, known: number
+): Promise<{ state: LogState, position: number, events: StoredEvent[], pendingTo: number | undefined }> {
   // The position once (a materialized CTE read by scalar subqueries: each
   // is evaluated once, and the partitions are pruned at run time by it).
   const position = sql<string>`(select pos.p from pos)`
@@ -193,7 +202,8 @@ export async function freshEventsAfterKept (db: Db, afterId: number, filter: Eve
     .selectFrom(logStateRow.as('s'))
     .leftJoinLateral(storedEvents(matchingAfter(db, afterId, filter, limit, position)).as('p'), (join) => join.onTrue())
     .selectAll('s')
-    .select(['p.event_id', 'p.run_id', 'p.thread_id', 'p.json', sql<string>`${position}::text`.as('position'), sql<string | null>`(${highest})::text`.as('pending_to')])
+    .select(['p.event_id', 'p.run_id', 'p.thread_id', 'p.json'])
+    .select([sql<string>`${position}::text`.as('position'), sql<string | null>`(${highest})::text`.as('pending_to')])
     .orderBy('p.event_id')
     .execute()
   const events = joinedEvents(rows)
@@ -202,28 +212,28 @@ export async function freshEventsAfterKept (db: Db, afterId: number, filter: Eve
 }
 
 /**
- * The poller's read: up to `limit` visible events after `head`, settled or
+ * The poller's read: up to `limit` visible events after `tail`, settled or
  * not (the hub settles what it reads), with the keeper's state in the same
  * statement. While delivery waits above a hole (nothing settled past the
- * head, and the next id not visible), the events above it are not read
+ * tail, and the next id not visible), the events above it are not read
  * again, only whether there are any (`waiting`): the state tells when to
  * read them.
  */
-export async function pollAfter (db: Db, head: number, limit: number): Promise<{ state: LogState, events: StoredEvent[], waiting: boolean }> {
-  const { rows } = await db.executeQuery<PollRow>(CompiledQuery.raw(pollStatement.text, pollStatement.values([head, limit])))
+export async function pollAfter (db: Db, tail: number, limit: number): Promise<{ state: LogState, events: StoredEvent[], waiting: boolean }> {
+  const { rows } = await db.executeQuery<PollRow>(CompiledQuery.raw(pollStatement.text, pollStatement.values([tail, limit])))
   const events = joinedEvents(rows)
   return { state: toLogState(rows[0]!), events, waiting: events.length === 0 && rows[0]!.extra === true }
 }
 
 /**
  * pollAfter's statement, built and compiled once: the poll runs up to
- * every WAKE_MIN_GAP_MS, and compiling it each time was half the poll's
- * CPU in the service (BENCHMARKS.md, "Streams on Node 24").
+ * every WAKE_MIN_GAP_MS, and compiling it each time was a large part of
+ * the poll's own CPU.
  */
-const pollStatement = new Statement(2, (head: number, limit: number) => withLogStateQuery(builder, storedEvents(matchingAfter(builder, head, {}, limit)
-  .where(sql<boolean>`(s.settled::bigint > ${head}::bigint or exists (select 1 from events n where n.event_id = ${head}::bigint + 1))`)),
-// The first id above the head, by index (an EXISTS may be planned as a scan of the heap, whose newest rows come last).
-sql<boolean>`(select n.event_id from events n where n.event_id > ${head}::bigint order by n.event_id limit 1) is not null`))
+const pollStatement = new Statement(2, (tail: number, limit: number) => withLogStateQuery(builder, storedEvents(matchingAfter(builder, tail, {}, limit)
+  .where(sql<boolean>`(s.settled::bigint > ${tail}::bigint or exists (select 1 from events n where n.event_id = ${tail}::bigint + 1))`)),
+// The first id above the tail, by index (an EXISTS may be planned as a scan of the heap, whose newest rows come last).
+sql<boolean>`(select n.event_id from events n where n.event_id > ${tail}::bigint order by n.event_id limit 1) is not null`))
 
 type PollRow = LogStateRow & { event_id: string | null, run_id: string | null, thread_id: string | null, json: string | null, extra: boolean | null }
 
@@ -261,7 +271,7 @@ export interface EventPage {
 /**
  * listEvents: a JSON page {events: [...]} of settled events after `afterId`
  * (by default, after the history's floor: from the oldest event kept) and
- * its resume cursor, from one snapshot. `known` is a position settled
+ * its resume event id, from one snapshot. `known` is a position settled
  * before the statement (the hub's).
  */
 export async function listEvents (db: Db, afterId: number | undefined, filter: EventFilter, limit: number, known: number): Promise<EventPage> {

@@ -5,10 +5,10 @@ import pg from 'pg'
 import { holdsLease, keepOrder, lockHolders, readHistoryFloor, releaseLease, takeLease, type OrderTick } from './order.js'
 import { isLockTimeout, PartitionKeeper } from './partitions.js'
 
-export interface UpkeepOptions {
+export interface EventLogKeeperOptions {
   /** A database URL on which this service may write: the primary. */
   url: string
-  clockIntervalMs: number
+  keeperIntervalMs: number
   /** EVENTS_RETENTION in milliseconds; undefined: keep every event. */
   retentionMs: number | undefined
   log: FastifyBaseLogger
@@ -27,7 +27,7 @@ const RETRY_MS = 1000
  * is replaced by the next replica that asks (within RETRY_MS more), and its
  * own ticks publish nothing from then on.
  */
-export const leaseMsFor = (clockIntervalMs: number) => 3 * clockIntervalMs + 1000
+export const leaseMsFor = (keeperIntervalMs: number) => 3 * keeperIntervalMs + 1000
 /**
  * The longest the keeper's connection waits on a lock (lock_timeout): a
  * quarter of its lease. Ticks of other processes and a writer's first
@@ -45,14 +45,18 @@ export const SOON_TICK_MS = 10
 
 /**
  * Ticks asked for that may settle nothing new before the keeper backs off
- * (the gap doubling up to the clock interval): under load a hole can take
+ * (the gap doubling up to the keeper interval): under load a hole can take
  * a few, each bounding the writers that the one before it saw
  * (events_keep_order, db/sql/); past that, a writer is holding its
  * transaction open.
  */
 const TICKS_A_HOLE_NEEDS = 3
 
-/** A tick a reader waits for pauses this long before each of its later censuses (see events_keep_order): the short writers of the census before end meanwhile. */
+/**
+ * A tick a reader waits for pauses this long before each of its later censuses
+ * (see events_keep_order): the short writers of the census before end
+ * meanwhile.
+ */
 const TICK_PAUSE_MS = 5
 
 /** The longest a DETACH or DROP of a partition waits in the events table's lock queue (writers queue behind it meanwhile). */
@@ -60,7 +64,7 @@ export const PARTITION_LOCK_TIMEOUT_MS = 200
 
 /**
  * One replica at a time keeps the event log (the holder of the keeper's
- * lease, db/sql/keeper.sql): every clockIntervalMs it ticks (keepOrder: the
+ * lease, db/sql/keeper.sql): every keeperIntervalMs it ticks (keepOrder: the
  * settled position every reader uses), which renews the lease, and starts a
  * pass over the partitions (PartitionKeeper) unless one is still running.
  * While a reader waits on a hole (soon() until calm()), it ticks every
@@ -70,7 +74,7 @@ export const PARTITION_LOCK_TIMEOUT_MS = 200
  * over once the keeper stops (it gives the lease up) or its lease expires
  * (leaseMsFor), and a keeper whose lease was taken publishes nothing more.
  */
-export class EventLogUpkeep {
+export class EventLogKeeper {
   #client: pg.Client | undefined
   #partitionClient: pg.Client | undefined
   /** This replica's name in the lease (event_log_state.keeper): its host and process, and a random part. */
@@ -88,7 +92,7 @@ export class EventLogUpkeep {
   #lockWaiting = false
   #passFailing = false
   #stepping = false
-  /** When the next step is due (epoch ms); the earliest one asked for while a step runs; the gap the next soon() leaves. */
+  /** When the next step is due (Unix ms); the earliest one asked for while a step runs; the gap the next soon() leaves. */
   #dueAt = 0
   #askedAt = Infinity
   #soonGapMs = SOON_TICK_MS
@@ -109,12 +113,14 @@ export class EventLogUpkeep {
   /** The epoch and the settled position this replica last published (-1 before its first tick). */
   epoch = -1
   published = -1
-  readonly keeper: PartitionKeeper
+  readonly partitions: PartitionKeeper
 
-  constructor (readonly options: UpkeepOptions) {
-    this.leaseMs = leaseMsFor(options.clockIntervalMs)
+  constructor (readonly options: EventLogKeeperOptions) {
+    this.leaseMs = leaseMsFor(options.keeperIntervalMs)
     this.lockTimeoutMs = lockTimeoutMsFor(this.leaseMs)
-    this.keeper = new PartitionKeeper({ retentionMs: options.retentionMs, lockTimeoutMs: PARTITION_LOCK_TIMEOUT_MS, settle: () => this.#settleForPass(), log: options.log })
+    this.partitions = new PartitionKeeper({
+      retentionMs: options.retentionMs, lockTimeoutMs: PARTITION_LOCK_TIMEOUT_MS, settle: () => this.#settleForPass(), log: options.log
+    })
   }
 
   get leading (): boolean {
@@ -122,7 +128,7 @@ export class EventLogUpkeep {
   }
 
   /** Resolves when the pass under way, if any, has ended. */
-  async settled (): Promise<void> {
+  async passEnded (): Promise<void> {
     await this.#pass
   }
 
@@ -135,7 +141,7 @@ export class EventLogUpkeep {
    * quiet spell, and then every SOON_TICK_MS until calm(): a hole needs a
    * few ticks under load. Past TICKS_A_HOLE_NEEDS ticks in a row that
    * settle nothing new, the gap doubles (a writer left open is asked about
-   * ever less often) up to the clock interval.
+   * ever less often) up to the keeper interval.
    */
   soon (): void {
     if (this.#stopped || !this.#leading) return
@@ -143,7 +149,7 @@ export class EventLogUpkeep {
     this.#schedule(Math.max(0, this.#lastTickAt + this.#soonGapMs - Date.now()))
   }
 
-  /** Readers no longer wait: back to the clock interval, and the next soon() is quick again. */
+  /** Readers no longer wait: back to the keeper interval, and the next soon() is quick again. */
   calm (): void {
     this.#demanded = false
     this.#soonGapMs = SOON_TICK_MS
@@ -179,18 +185,19 @@ export class EventLogUpkeep {
   async #step (): Promise<void> {
     this.#stepping = true
     this.#askedAt = Infinity
-    let delay = this.options.clockIntervalMs
+    let delay = this.options.keeperIntervalMs
     try {
       if (!this.#leading) {
         // A tick may not outlast the lease it renews, nor wait on a lock for most of it.
-        this.#client ??= await this.#connect('ocp-api-upkeep', { statement_timeout: this.leaseMs, lock_timeout: this.lockTimeoutMs })
+        this.#client ??= await this.#connect('ocp-api-keeper', { statement_timeout: this.leaseMs, lock_timeout: this.lockTimeoutMs })
         // Stopped while it connected: stop() had no connection to end yet.
         if (this.#stopped) return await this.#disconnect()
         const client = this.#client
         this.#term = await this.#countingLockTimeouts(() => takeLease(client, this.id, this.leaseMs))
         this.#leading = this.#term !== undefined
         if (this.#leading) {
-          this.options.log.info({ keeper: this.id, term: this.#term, leaseMs: this.leaseMs, retention: this.options.retentionMs === undefined ? 'none: every event is kept' : `${this.options.retentionMs / 1000} s` },
+          const retention = this.options.retentionMs === undefined ? 'none: every event is kept' : `${this.options.retentionMs / 1000} s`
+          this.options.log.info({ keeper: this.id, term: this.#term, leaseMs: this.leaseMs, retention },
             'this replica keeps the event log (its settled position, partitions)')
         } else {
           this.historyFloor = await readHistoryFloor(this.#client)
@@ -207,16 +214,16 @@ export class EventLogUpkeep {
         if (this.#demanded) {
           if (tick.settled > published) this.onPublished?.()
           this.#stale = tick.settled > published ? 0 : this.#stale + 1
-          this.#soonGapMs = this.#stale < TICKS_A_HOLE_NEEDS ? SOON_TICK_MS : Math.min(this.#soonGapMs * 2, this.options.clockIntervalMs)
+          this.#soonGapMs = this.#stale < TICKS_A_HOLE_NEEDS ? SOON_TICK_MS : Math.min(this.#soonGapMs * 2, this.options.keeperIntervalMs)
           delay = Math.min(delay, this.#soonGapMs)
         }
-        if (Date.now() - this.#lastPassAt >= this.options.clockIntervalMs) {
+        if (Date.now() - this.#lastPassAt >= this.options.keeperIntervalMs) {
           this.#lastPassAt = Date.now()
           this.#pass ??= this.#keepPartitions().finally(() => { this.#pass = undefined })
         }
       }
-      if (this.#failing) this.options.log.info('event log upkeep recovered')
-      if (this.#lockWaiting) this.options.log.info('event log upkeep: the lock it waited on was released; ticks resume')
+      if (this.#failing) this.options.log.info('event log keeper recovered')
+      if (this.#lockWaiting) this.options.log.info('event log keeper: the lock it waited on was released; ticks resume')
       this.#failing = false
       this.#lockWaiting = false
     } catch (err) {
@@ -225,7 +232,7 @@ export class EventLogUpkeep {
         await this.#sayLockTimeout(err)
       } else {
         // A tick cut short by stop() (its connection ended under it) is no failure.
-        if (!this.#failing && !this.#stopped) this.options.log.warn({ err }, 'event log upkeep failed; retrying')
+        if (!this.#failing && !this.#stopped) this.options.log.warn({ err }, 'event log keeper failed; retrying')
         this.#failing = true
         await this.#disconnect()
         delay = RETRY_MS
@@ -276,7 +283,8 @@ export class EventLogUpkeep {
     /* c8 ignore next */
     const holders = await lockHolders(this.#client!).catch(() => undefined)
     this.options.log.warn({ lockTimeoutMs: this.lockTimeoutMs, waitedOn: (err as { where?: string }).where, holders },
-      'event log upkeep: a tick waited on a lock for lock_timeout and gave up (a session holding event_log_state, listed in holders, may be left idle in a transaction); retrying on the next tick, and delivery past a hole waits meanwhile')
+      'event log keeper: a tick waited on a lock for lock_timeout and gave up (a session holding event_log_state, listed in holders, may be left ' +
+        'idle in a transaction); retrying on the next tick, and delivery past a hole waits meanwhile')
   }
 
   /** The settled position fresh for a pass that has just closed a range: a tick of the keeper's, never one beside it. */
@@ -306,23 +314,25 @@ export class EventLogUpkeep {
   #sayRewound (tick: OrderTick): void {
     if (tick.rewound === 'sequence') {
       this.options.log.error({ settled: tick.settled },
-        'events_event_id_seq was moved back (setval, or ALTER SEQUENCE ... RESTART): the event log moved it forward again, since an event id is never handed out twice; do not move it back')
+        'events_event_id_seq was moved back (setval, or ALTER SEQUENCE ... RESTART): the event log moved it forward again, since an event id is ' +
+          'never handed out twice; do not move it back')
       return
     }
     const what = tick.rewound === 'failover' ? 'the database is on a new WAL timeline (a standby was promoted)' : 'the database restarted after a crash'
     this.options.log.warn({ epoch: tick.epoch, settled: tick.settled },
-      `${what}: commits that readers saw before may be gone, so the event sequence jumped past every id handed out before; clients holding a cursor in between are answered 410 and refetch, every other event is delivered as before`)
+      `${what}: commits that readers saw before may be gone, so the event sequence jumped past every id handed out before; clients holding a ` +
+        'position in between are answered 410 and refetch, every other event is delivered as before')
   }
 
   /** One pass over the partitions; a failure is logged (once until a pass succeeds) and the next tick tries again. */
   async #keepPartitions (): Promise<void> {
     try {
-      this.#partitionClient ??= await this.#connect('ocp-api-upkeep-partitions')
+      this.#partitionClient ??= await this.#connect('ocp-api-keeper-partitions')
       // A keeper whose lease another replica took makes no pass (it learns so at its next tick).
       if (!await holdsLease(this.#partitionClient, this.id, this.#term!)) return
-      await this.keeper.keep(this.#partitionClient)
+      await this.partitions.keep(this.#partitionClient)
       this.passes++
-      if (this.#passFailing) this.options.log.info('event log partitions: upkeep recovered')
+      if (this.#passFailing) this.options.log.info('event log partitions: keeper recovered')
       this.#passFailing = false
     } catch (err) {
       if (!this.#stopped && !this.#passFailing) this.options.log.warn({ err }, 'event log partitions: a pass failed; retrying on the next tick')
