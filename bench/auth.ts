@@ -9,6 +9,8 @@
  * their ratios to the static token.
  *
  *   npm run bench:auth -- [--seconds 10] [--rounds 3] [--connections 16] [--no-build]
+ *   npm run bench:auth -- --quick --no-build     (CI's smoke run: one 1 s round, 100 JWTs in turn, so most
+ *                                                 are remembered; figures not meaningful)
  */
 import autocannon from 'autocannon'
 import { parseArgs } from 'node:util'
@@ -20,17 +22,20 @@ const { values: args } = parseArgs({
     seconds: { type: 'string', default: '10' },
     rounds: { type: 'string', default: '3' },
     connections: { type: 'string', default: '16' },
-    'no-build': { type: 'boolean', default: false }
+    'no-build': { type: 'boolean', default: false },
+    quick: { type: 'boolean', default: false }
   }
 })
-const SECONDS = Number(args.seconds)
-const ROUNDS = Number(args.rounds)
+const SECONDS = args.quick ? 1 : Number(args.seconds)
+const ROUNDS = args.quick ? 1 : Number(args.rounds)
 const CONNECTIONS = Number(args.connections)
 const DATABASE = 'ocp_bench_auth'
 const PATH = '/api/runs/run-demo-1'
 const STATIC_TOKEN = 'bench-static-token'
-const FRESH_TOKENS = 15_000
-
+/** Signing them takes most of a smoke run's time: --quick signs few. */
+const FRESH_TOKENS = args.quick ? 100 : 15_000
+/** Each mode's untimed warm-up, in seconds. */
+const WARMUP = args.quick ? 1 : 2
 
 /** One stretch of load; `tokens` are sent in turn, one per request. */
 async function load (url: string, tokens: string[], seconds = SECONDS) {
@@ -59,7 +64,7 @@ async function main () {
   const service = await startBuiltService(databaseUrl, { LOG_LEVEL: 'warn', API_TOKENS: STATIC_TOKEN, AUTH_ISSUERS: JSON.stringify([{ issuer: issuer.url, audience: 'ocp-api' }]) })
   try {
     console.log(`bench:auth, ${gitDescription()}, node ${process.version}: GET ${PATH}, ${CONNECTIONS} connections, ${SECONDS} s a round, ${ROUNDS} rounds alternating; RS256 JWTs`)
-    for (const tokens of Object.values(modes)) await load(service.url, tokens, 2) // warm-up: the JIT, the pool, the keys
+    for (const tokens of Object.values(modes)) await load(service.url, tokens, WARMUP) // warm-up: the JIT, the pool, the keys
     const results = Object.fromEntries(Object.keys(modes).map((mode) => [mode, [] as Array<{ rps: number, p50: number, p99: number }>]))
     for (let round = 1; round <= ROUNDS; round++) {
       for (const [mode, tokens] of Object.entries(modes)) {

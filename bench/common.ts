@@ -135,20 +135,40 @@ export async function demoDatabase (name: string): Promise<string> {
   return databaseUrl
 }
 
+/** How long a started server may take to answer: on a loaded machine loading the TypeScript alone takes many seconds. */
+const START_TIMEOUT_MS = 120_000
+
+/**
+ * Waits until `url` answers 200, served by `child`. If the child exits
+ * first, or START_TIMEOUT_MS passes, it fails, and kills the child: a bench
+ * that gives up leaves no server running behind it.
+ */
+export async function untilAnswering (child: ChildProcess, url: string, what: string): Promise<void> {
+  const deadline = Date.now() + START_TIMEOUT_MS
+  while (child.exitCode === null && child.signalCode === null && Date.now() < deadline) {
+    try {
+      const res = await fetch(url)
+      await res.arrayBuffer()
+      if (res.ok) return
+    } catch {}
+    await sleep(100)
+  }
+  const exited = child.exitCode ?? child.signalCode
+  child.kill('SIGKILL')
+  throw new Error(exited === null ? `${what} did not answer ${url} within ${START_TIMEOUT_MS / 1000} s` : `${what} exited (${exited}) before answering`)
+}
+
 /** The built service (node dist/server.js) on a free port over `databaseUrl`, once /ready answers; `env` adds to or overrides its environment. */
 export async function startBuiltService (databaseUrl: string, env: Record<string, string>): Promise<{ url: string, child: ChildProcess }> {
   const port = await freePort()
   const child = spawn(process.execPath, [join(root, 'dist/server.js')], {
     cwd: root,
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'info', LOG_FORMAT: 'json', ...env },
+    // No load shedding (MAX_EVENT_LOOP_DELAY_MS 0): the benches measure answers, and on a busy machine
+    // the service's 503s under event-loop delay failed them.
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'info', LOG_FORMAT: 'json', MAX_EVENT_LOOP_DELAY_MS: '0', ...env },
     stdio: ['ignore', 'ignore', 'inherit']
   })
   const url = `http://127.0.0.1:${port}`
-  for (let i = 0; i < 300; i++) {
-    try {
-      if ((await fetch(`${url}/ready`)).ok) return { url, child }
-    } catch {}
-    await sleep(100)
-  }
-  throw new Error('the service did not become ready')
+  await untilAnswering(child, `${url}/ready`, 'the service')
+  return { url, child }
 }

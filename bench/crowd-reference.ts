@@ -124,13 +124,13 @@ async function service (): Promise<Server> {
   await migratedDatabase(DATABASE)
   const writer = new pg.Client({ connectionString: databaseUrl })
   await writer.connect()
-  await writer.query(`insert into runs (run_id, goal, summary, status) values ($1, 'crowd', '', 'running')`, [RUN])
+  await writer.query("insert into runs (run_id, goal, summary, status) values ($1, 'crowd', '', 'running')", [RUN])
   const port = await freePort()
   // As it ships (the Dockerfile's and `npm start`'s dist/server.js), not through tsx; the crowd, one client, is
   // past a caller's share of long-polls (2,500 by default) and may reach the instance's: admitted, as the reference admits it.
   const child = spawn(process.execPath, [...startFlags().split(/\s+/).filter(Boolean), ...args['node-args'].split(' ').filter(Boolean), join(root, 'dist/server.js')], {
     cwd: root,
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'error', MIGRATE_ON_START: 'false', STREAMS_LONG_POLL_MS: String(LONG_POLL_MS), STREAMS_MAX_LONG_POLLS: '1000000', STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'error', MIGRATE_ON_START: 'false', DURABLE_STREAMS_LONG_POLL_MS: String(LONG_POLL_MS), DURABLE_STREAMS_MAX_LONG_POLLS: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
     stdio: ['ignore', 'inherit', 'inherit']
   })
   await until(`http://127.0.0.1:${port}/ready`)
@@ -139,7 +139,7 @@ async function service (): Promise<Server> {
     child,
     port,
     path: `/api/streams/runs/${RUN}`,
-    append: async (n) => { await writer.query(`insert into events (event_type, run_id, summary, payload) values ('message', $1, 'crowd', $2)`, [RUN, JSON.stringify({ n })]) },
+    append: async (n) => { await writer.query("insert into events (event_type, run_id, summary, payload) values ('message', $1, 'crowd', $2)", [RUN, JSON.stringify({ n })]) },
     messages: (body) => (JSON.parse(body) as Array<{ payload: { n: number } }>).map((event) => event.payload.n),
     close: async () => { child.kill('SIGTERM'); await new Promise((resolve) => child.once('exit', resolve)); await writer.end() }
   }
@@ -213,10 +213,10 @@ async function crowd (server: Server): Promise<Figures> {
     agents.push(agent)
     poll(agent, tail, undefined)
   }
-  for (let attempt = 0; attempt < 600 && waiting < pollers; attempt++) await sleep(50)
+  for (let attempt = 0; attempt < 600 && waiting < pollers; attempt++) await sleep(50) // eslint-disable-line no-unmodified-loop-condition -- the pollers count themselves
   // A message not measured, until every poller has it: each is then waiting on the server, not in its backlog.
   await server.append(WARM_UP)
-  for (let attempt = 0; attempt < 1200 && warmed < pollers; attempt++) await sleep(50)
+  for (let attempt = 0; attempt < 1200 && warmed < pollers; attempt++) await sleep(50) // eslint-disable-line no-unmodified-loop-condition -- the pollers count themselves
   await sleep(1000)
   const appends = Math.round(seconds * 1000 / intervalMs)
   const cpuBefore = cpuSeconds(server.child.pid)

@@ -1,7 +1,7 @@
 /*
  * A crowd of Durable Streams long-pollers watching one run through the
- * compose deployment's nginx (BENCHMARKS.md, "Durable Streams long-poll";
- * issue 21: "1,000 long-pollers of one run through the compose nginx").
+ * compose deployment's nginx (BENCHMARKS.md, "A crowd through the compose
+ * deployment's nginx"; issue 21: "1,000 long-pollers of one run through the compose nginx").
  *
  *   npm run bench:crowd                                  (1,000 pollers, 20 events 1 s apart)
  *   npm run bench:crowd -- --pollers 200 --events 5      (smaller)
@@ -106,9 +106,9 @@ async function main () {
   try {
     stack.scale('up', '-d', '--build')
     console.log(`replicas healthy after ${await stack.healthy(['postgres', ...REPLICAS])} ms`)
-    const writer = new pg.Client({ connectionString: stack.database })
+    const writer = new pg.Client({ connectionString: stack.orchestrator })
     await writer.connect()
-    await writer.query(`insert into runs (run_id, goal, summary, status) values ($1, 'crowd', 'crowd', 'running')`, [RUN])
+    await writer.query("insert into runs (run_id, goal, summary, status) values ($1, 'crowd', 'crowd', 'running')", [RUN])
     await waitUntil(async () => (await fetch(`${stack.lb}/api/runs/${RUN}`).catch(() => undefined))?.status === 200, 'reads through nginx', 60_000)
 
     const tail = await fetch(`${stack.lb}/api/streams/runs/${RUN}?offset=now`)
@@ -122,7 +122,7 @@ async function main () {
     const written: number[] = []
     for (let i = 0; i < EVENTS; i++) {
       await writer.query('begin')
-      const { rows } = await writer.query(`insert into events (event_type, run_id, summary, payload) values ('task_running', $1, 'crowd', '{}') returning event_id`, [RUN])
+      const { rows } = await writer.query("insert into events (event_type, run_id, summary, payload) values ('task_running', $1, 'crowd', '{}') returning event_id", [RUN])
       const id = Number(rows[0].event_id)
       committedAt.set(id, Date.now())
       written.push(id)

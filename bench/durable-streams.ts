@@ -26,11 +26,10 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import { Agent, request } from 'node:http'
-import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl as serverUrl, freePort, root, sleep, withDatabase } from './common.js'
+import { adminUrl as serverUrl, freePort, root, sleep, untilAnswering, withDatabase } from './common.js'
 import { ask, breakdown, medianRssKb, pausesLine, rssKb, serviceArgs, startFlags } from './probe.js'
 
 const { values: args } = parseArgs({
@@ -64,14 +63,11 @@ const runId = (i: number) => `bench-ds-${i % runs}`
 async function startService (port: number): Promise<ChildProcess> {
   const child = spawn(process.execPath, serviceArgs(args.entry, serviceFlags), {
     cwd: root,
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', MAX_EVENT_LOOP_DELAY_MS: '0', SSE_MAX_STREAMS: '1000000', STREAMS_MAX_LONG_POLLS: '1000000', STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', MAX_EVENT_LOOP_DELAY_MS: '0', SSE_MAX_STREAMS: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc']
   })
-  for (let attempt = 0; attempt < 300; attempt++) {
-    try { if ((await fetch(`http://127.0.0.1:${port}/ready`)).ok) return child } catch {}
-    await sleep(100)
-  }
-  throw new Error('the service did not start')
+  await untilAnswering(child, `http://127.0.0.1:${port}/ready`, 'the service')
+  return child
 }
 
 /** When each event's insert was sent (a conservative start for commit-to-delivery), by id. */
@@ -123,7 +119,7 @@ await migrateToLatest(databaseUrl)
 const writer = new pg.Client({ connectionString: databaseUrl })
 await writer.connect()
 for (let i = 0; i < runs; i++) {
-  await writer.query(`insert into runs (run_id, goal, summary, status, created_at, updated_at) values ($1, 'bench', '', 'running', now(), now())`, [runId(i)])
+  await writer.query("insert into runs (run_id, goal, summary, status, created_at, updated_at) values ($1, 'bench', '', 'running', now(), now())", [runId(i)])
 }
 const os = await import('node:os')
 console.log(`machine: ${os.cpus().length} cores, load average ${os.loadavg().map((load) => load.toFixed(2)).join(' ')}, node ${process.version} (the service runs on the same node); ` +
@@ -140,7 +136,7 @@ for (let round = 1; round <= rounds; round++) {
   const version = (await ask(service, 'report')).node
   const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text()
   const wakeup = /^event_wakeup_live 1$/m.test(metrics) ? 'live (WAL streaming)' : 'not live (polling alone: the server refuses replication connections)'
-  console.log(`${rounds > 1 ? `round ${round} of ${rounds}: ` : ''}durable streams long-poll on node ${version}: ${runs} runs, ${rate} events/s for ${seconds} s, STREAMS_LONG_POLL_MS default (20 s), EVENTS_POLL_INTERVAL_MS default (250 ms); the wake-up: ${wakeup}`)
+  console.log(`${rounds > 1 ? `round ${round} of ${rounds}: ` : ''}durable streams long-poll on node ${version}: ${runs} runs, ${rate} events/s for ${seconds} s, DURABLE_STREAMS_LONG_POLL_MS default (20 s), EVENTS_POLL_INTERVAL_MS default (250 ms); the wake-up: ${wakeup}`)
   console.log('waiters  statements/s  RSS/waiter  p50 ms  p99 ms  deliveries')
   for (const size of sizes) {
     const latencies: number[] = []

@@ -17,6 +17,7 @@ import pg from 'pg'
 import { adminUrl, defaultDatabaseFor, formatInt, isScaleName, readMarker, withDatabase, type ScaleName, type Targets } from './common.js'
 import { generate } from './generate.js'
 import { readFloorStatement, STATEMENTS, writeFloorStatements } from './sql.js'
+import { nodeRowsRead, planNodes, type PlanNode } from '../test/helpers/plans.js'
 
 const { values: args } = parseArgs({
   options: {
@@ -43,24 +44,16 @@ const CASES: Case[] = [
 ]
 const only = args.only === undefined ? undefined : new Set(args.only.split(','))
 
-interface PlanNode {
-  'Node Type': string
-  'Relation Name'?: string
-  'Index Name'?: string
-  'Actual Rows'?: number
-  'Actual Loops'?: number
-  'Rows Removed by Filter'?: number
-  Plans?: PlanNode[]
-}
-
 /** Rows read by the scan nodes of a plan, the largest of them, and any sequential scan. */
-function scans (node: PlanNode, found: { largest: number, where: string, seqScans: string[] }) {
-  if (node['Node Type'].includes('Scan') && node['Relation Name'] !== undefined) {
-    const rows = ((node['Actual Rows'] ?? 0) + (node['Rows Removed by Filter'] ?? 0)) * (node['Actual Loops'] ?? 1)
-    if (rows > found.largest) { found.largest = rows; found.where = `${node['Node Type']} on ${node['Relation Name']}${node['Index Name'] ? ` (${node['Index Name']})` : ''}` }
-    if (node['Node Type'] === 'Seq Scan') found.seqScans.push(node['Relation Name'])
+function scans (root: PlanNode) {
+  const found = { largest: 0, where: '', seqScans: [] as string[] }
+  for (const node of planNodes(root)) {
+    const relation = node['Relation Name']
+    if (!(node['Node Type'] ?? '').includes('Scan') || relation === undefined) continue
+    const rows = nodeRowsRead(node)
+    if (rows > found.largest) { found.largest = rows; found.where = `${node['Node Type']} on ${relation}${node['Index Name'] ? ` (${node['Index Name']})` : ''}` }
+    if (node['Node Type'] === 'Seq Scan') found.seqScans.push(relation)
   }
-  for (const child of node.Plans ?? []) scans(child, found)
   return found
 }
 
@@ -84,7 +77,7 @@ async function explainScale (scale: ScaleName): Promise<string[][]> {
       const plan = await client.query(`explain (${options}) ${execute}`)
       const json = await client.query(`explain (analyze, buffers, format json) ${execute}`)
       const summary = json.rows[0]['QUERY PLAN'][0] as { Plan: PlanNode & { 'Shared Hit Blocks': number, 'Shared Read Blocks': number }, 'Planning Time': number, 'Execution Time': number }
-      const found = scans(summary.Plan, { largest: 0, where: '', seqScans: [] })
+      const found = scans(summary.Plan)
       if (!args.quiet) {
         console.log(`\n#### ${item.label}, scale ${scale} (bench/sql/${item.file}, ${Object.entries(item.variables(marker.targets)).map(([name, value]) => `${name}=${value}`).join(' ')})\n`)
         console.log('```')

@@ -1,6 +1,6 @@
 /*
  * Fills a bench database with control-plane history of a chosen scale
- * (BENCHMARKS.md, "Data"). Deterministic: the same scale and seed give the
+ * (BENCHMARKS.md, "HTTP reads"). Deterministic: the same scale and seed give the
  * same rows, byte for byte.
  *
  *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run bench:generate -- --scale small

@@ -106,7 +106,7 @@ async function main () {
   const port = await freePort()
   const service: ChildProcess = spawn(process.execPath, serviceArgs(args.entry, args['service-flags']), {
     cwd: root,
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', MAX_EVENT_LOOP_DELAY_MS: '0', SSE_MAX_STREAMS: '1000000', SSE_MAX_STREAMS_PER_CALLER: '1000000', STREAMS_MAX_LONG_POLLS: '1000000', STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', MAX_EVENT_LOOP_DELAY_MS: '0', SSE_MAX_STREAMS: '1000000', SSE_MAX_STREAMS_PER_CALLER: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc']
   })
   for (let attempt = 0; ; attempt++) {

@@ -14,7 +14,7 @@
  * then waits for the writers open when it was drawn and for those that
  * began while an older one still held the settle mark below it (their late
  * bound, db/sql/keeper.sql). The service as in production but for
- * EVENTS_CLOCK_INTERVAL_MS=100, on the primary of DATABASE_URL, then on a
+ * EVENTS_KEEPER_INTERVAL_MS=100, on the primary of DATABASE_URL, then on a
  * private primary and through its hot standby (test/helpers/standby.ts; the
  * keeper and the writers on the primary, the reads and the stream on the
  * standby; --no-standby leaves the private pair out).
@@ -73,7 +73,7 @@ async function measuredStream (base: string, url: string, where: string) {
     async once (hole: boolean): Promise<number> {
       if (hole) {
         await writer.query('begin')
-        await writer.query(`insert into events (event_type, run_id) values ('rolled_back', 'bench-holes')`)
+        await writer.query("insert into events (event_type, run_id) values ('rolled_back', 'bench-holes')")
         await writer.query('rollback')
       }
       let timer: NodeJS.Timeout | undefined
@@ -82,7 +82,7 @@ async function measuredStream (base: string, url: string, where: string) {
         timer = setTimeout(() => { reject(new Error(`${where}: an event ${hole ? 'above a hole' : 'with no hole'} was not delivered within ${DELIVERY_TIMEOUT_MS} ms`)) }, DELIVERY_TIMEOUT_MS)
       })
       const started = performance.now()
-      await writer.query(`insert into events (event_type, run_id) values ('task_running', 'bench-holes')`)
+      await writer.query("insert into events (event_type, run_id) values ('task_running', 'bench-holes')")
       try {
         await delivered
       } finally {
@@ -109,9 +109,9 @@ async function shortWriters (): Promise<void> {
   const background = async () => {
     const client = new pg.Client({ connectionString: url })
     await client.connect()
-    while (loading) {
+    while (loading) { // eslint-disable-line no-unmodified-loop-condition -- cleared once the load is measured
       await client.query('begin')
-      await client.query(`insert into events (event_type, run_id) values ('background', 'bench-other')`)
+      await client.query("insert into events (event_type, run_id) values ('background', 'bench-other')")
       await client.query('select pg_sleep(0.002)')
       await client.query('commit')
     }
@@ -133,7 +133,7 @@ async function shortWriters (): Promise<void> {
     loading = false
     await Promise.all(writers)
   }
-  const ticks = app.events.upkeep!.ticks
+  const ticks = app.events.keeper!.ticks
   console.log(`\nbench:holes on ${gitDescription()}, Node ${process.version}, ${rounds} rounds; the keeper ticked ${ticks} times\n`)
   console.log('| background | event | commit to delivery p50 | p90 | max |')
   console.log('|---|---|---:|---:|---:|')
@@ -149,7 +149,7 @@ async function shortWriters (): Promise<void> {
 // --overlap: writers that stay open.
 
 const OVERLAP_DATABASE = 'ocp_bench_holes_overlap'
-const CLOCK_MS = 100
+const KEEPER_INTERVAL_MS = 100
 const overlapRounds = args.quick ? 3 : Number(args.rounds ?? 20)
 const openWriters = Number(args.writers)
 const holdMs = Number(args['hold-ms'])
@@ -172,7 +172,7 @@ async function overlapCase (where: string, url: string, readUrl: string | undefi
   const config = loadConfig({
     DATABASE_URL: url,
     ...(readUrl === undefined ? {} : { DATABASE_READ_URL: readUrl }),
-    EVENTS_CLOCK_INTERVAL_MS: String(CLOCK_MS),
+    EVENTS_KEEPER_INTERVAL_MS: String(KEEPER_INTERVAL_MS),
     LOG_LEVEL: 'silent',
     MAX_EVENT_LOOP_DELAY_MS: '0',
     MIGRATE_ON_START: 'false'
@@ -204,9 +204,9 @@ async function overlapCase (where: string, url: string, readUrl: string | undefi
     const client = new pg.Client({ connectionString: url })
     await client.connect()
     await sleep(i * holdMs / openWriters)
-    while (loading) {
+    while (loading) { // eslint-disable-line no-unmodified-loop-condition -- cleared once the load is measured
       await client.query('begin')
-      await client.query(`insert into events (event_type, run_id) values ('background', 'bench-other')`)
+      await client.query("insert into events (event_type, run_id) values ('background', 'bench-other')")
       await sleep(holdMs)
       await client.query('commit')
     }
@@ -218,7 +218,7 @@ async function overlapCase (where: string, url: string, readUrl: string | undefi
   await Promise.all(loops)
 
   const wakeup = app.events.hub.wakeupLive ? 'live' : 'polling'
-  const ticks = app.events.upkeep!.ticks
+  const ticks = app.events.keeper!.ticks
   const seconds = (performance.now() - startedAt) / 1000
   await measured.close()
   await app.close()
@@ -250,7 +250,7 @@ async function overlap (): Promise<void> {
   }
 
   console.log(`\nbench:holes --overlap on ${gitDescription()}, Node ${process.version}, ${overlapRounds} rounds${standbyNote}. ` +
-    `The service: EVENTS_CLOCK_INTERVAL_MS ${CLOCK_MS}, every other setting its default (EVENTS_POLL_INTERVAL_MS 250, EVENTS_WAKEUP auto, EVENTS_WAKEUP_POLL_INTERVAL_MS 1000; MAX_EVENT_LOOP_DELAY_MS 0, as in every bench). ` +
+    `The service: EVENTS_KEEPER_INTERVAL_MS ${KEEPER_INTERVAL_MS}, every other setting its default (EVENTS_POLL_INTERVAL_MS 250, EVENTS_WAKEUP auto, EVENTS_WAKEUP_POLL_INTERVAL_MS 1000; MAX_EVENT_LOOP_DELAY_MS 0, as in every bench). ` +
     `Background: W = ${openWriters} writers, each BEGIN, an insert (it draws an id), open T = ${holdMs} ms, COMMIT, again at once; started T/W = ${(holdMs / openWriters).toFixed(0)} ms apart. ` +
     'Each measured event after a random wait of 50 ms to 50 ms + T/W (none when quiet).\n')
   for (const c of cases) console.log(`- ${c.where}: wake-up ${c.wakeup}; the keeper ticked ${c.ticks} times in ${c.seconds.toFixed(1)} s`)
@@ -262,7 +262,7 @@ async function overlap (): Promise<void> {
       console.log(`| ${c.where} | ${load} | ${kind} | ${quantile(values, 0.5).toFixed(1)} ms | ${quantile(values, 0.9).toFixed(1)} ms | ${Math.max(...values).toFixed(1)} ms |`)
     }
   }
-  console.log(`figure ${JSON.stringify({ overlap: { rounds: overlapRounds, writers: openWriters, hold_ms: holdMs, clock_ms: CLOCK_MS, cases } })}`)
+  console.log(`figure ${JSON.stringify({ overlap: { rounds: overlapRounds, writers: openWriters, hold_ms: holdMs, keeper_interval_ms: KEEPER_INTERVAL_MS, cases } })}`)
 }
 
 if (!args['overlap-only']) await shortWriters()

@@ -4,7 +4,7 @@
  *
  *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run bench:http -- --scale both
  *   ... npm run bench:http -- --scale small --seconds 10 --connections 10
- *   ... npm run bench:http -- --scale small --seconds 1 --warmup 1      (CI's smoke run: figures not meaningful)
+ *   ... npm run bench:http -- --scale small --seconds 1 --rounds 1 --warmup 0 --only health,run10   (CI's smoke run: figures not meaningful)
  *
  * For each scale: generates its database when missing (bench/generate.ts),
  * rewrites bench/sql/*.sql from the service's own statements
@@ -41,7 +41,7 @@ import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { responseSchemas } from '../schemas/api.js'
 import { resourceSchemas } from '../schemas/resources.js'
-import { adminUrl, defaultDatabaseFor, formatInt, freePort, gitDescription, isScaleName, root, SCALES, sleep, withDatabase, type Marker, type ScaleName, type Targets } from './common.js'
+import { adminUrl, defaultDatabaseFor, formatInt, freePort, gitDescription, isScaleName, root, SCALES, sleep, untilAnswering, withDatabase, type Marker, type ScaleName, type Targets } from './common.js'
 import { generate } from './generate.js'
 import { readFloorStatement, SQL_DIR, STATEMENTS, writeFloorStatements } from './sql.js'
 
@@ -75,7 +75,7 @@ const roundSeconds = Math.max(1, Math.round(seconds / rounds))
 const client = args.client ?? (spawnSync('wrk', ['--version']).error === undefined ? 'wrk' : 'autocannon')
 const logLevel = args['log-level']
 if (!scales.every(isScaleName) || !['wrk', 'autocannon'].includes(client) || !['warn', 'info'].includes(logLevel) ||
-    ![seconds, warmup, connections, pgbenchJobs, rounds].every((n) => Number.isInteger(n) && n >= 1)) {
+    ![seconds, connections, pgbenchJobs, rounds].every((n) => Number.isInteger(n) && n >= 1) || !(Number.isInteger(warmup) && warmup >= 0)) {
   console.error(USAGE)
   process.exit(2)
 }
@@ -230,19 +230,6 @@ async function serviceHeaders (port: number): Promise<Record<string, string>> {
   await res.arrayBuffer()
   const own = new Set(['date', 'connection', 'keep-alive', 'content-length', 'content-type', 'transfer-encoding'])
   return Object.fromEntries([...res.headers].filter(([name]) => !own.has(name)))
-}
-
-async function waitFor (url: string, child: ChildProcess, what: string): Promise<void> {
-  for (let attempt = 0; attempt < 300; attempt++) {
-    if (child.exitCode !== null) throw new Error(`${what} exited with code ${child.exitCode}`)
-    try {
-      const res = await fetch(url)
-      await res.arrayBuffer()
-      if (res.ok) return
-    } catch {}
-    await sleep(100)
-  }
-  throw new Error(`${what} did not start`)
 }
 
 async function stop (child: ChildProcess): Promise<void> {
@@ -583,14 +570,14 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
   const rows: Row[] = []
   const spreadDir = mkdtempSync(join(tmpdir(), 'ocp-bench-spread-'))
   try {
-    await waitFor(`http://127.0.0.1:${servicePort}/health`, service, 'the service')
-    await waitFor(`http://127.0.0.1:${barePort}/health`, bare, 'the bare node:http server')
-    await waitFor(`http://127.0.0.1:${fastifyPort}/health`, fastify, 'Fastify alone')
+    await untilAnswering(service, `http://127.0.0.1:${servicePort}/health`, 'the service')
+    await untilAnswering(bare, `http://127.0.0.1:${barePort}/health`, 'the bare node:http server')
+    await untilAnswering(fastify, `http://127.0.0.1:${fastifyPort}/health`, 'Fastify alone')
     bareHeaders = spawn(process.execPath, ['-e', BARE_SERVER], {
       env: { ...process.env, PORT: String(bareHeadersPort), BARE_HEADERS: JSON.stringify(await serviceHeaders(servicePort)) },
       stdio: ['ignore', 'inherit', 'inherit']
     })
-    await waitFor(`http://127.0.0.1:${bareHeadersPort}/health`, bareHeaders, 'the bare node:http server with headers')
+    await untilAnswering(bareHeaders, `http://127.0.0.1:${bareHeadersPort}/health`, 'the bare node:http server with headers')
     const ports: Record<string, number> = { bare: barePort, 'bare-headers': bareHeadersPort, fastify: fastifyPort }
     const pids: Record<string, number | undefined> = { bare: bare.pid, 'bare-headers': bareHeaders.pid, fastify: fastify.pid }
     console.log(`\nscale ${scale}: ${database}, ${Object.entries(marker.counts).map(([table, n]) => `${formatInt(n)} ${table}`).join(', ')}; service log in ${logFile}`)
@@ -679,7 +666,7 @@ async function benchScale (scale: ScaleName): Promise<{ marker: Marker, rows: Ro
     }
     const samples = new Map<string, Sample[]>()
     for (const group of groups) {
-      for (const member of group) await member.run(warmup)
+      if (warmup > 0) for (const member of group) await member.run(warmup)
       // The framework's group makes no database read: nothing to count.
       const readsBefore = FRAMEWORK.has(group[0]!.key) ? undefined : await readsOf(servicePort)
       for (let round = 0; round < rounds; round++) {

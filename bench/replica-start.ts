@@ -88,7 +88,7 @@ async function measure (name: string, events: number): Promise<Start[]> {
     const writer = new pg.Client({ connectionString: url })
     await writer.connect()
     await writer.query('begin')
-    const held = Number((await writer.query(`insert into events (event_type) values ('held_open') returning event_id`)).rows[0].event_id)
+    const held = Number((await writer.query("insert into events (event_type) values ('held_open') returning event_id")).rows[0].event_id)
     await sleep(1500) // open across ticks of the keeper
     const runningCursor = await cursorOf(running.base)
     const started = performance.now()

@@ -25,7 +25,7 @@
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { closeRange, dropRange, listPartitions, sequencePosition } from '../events/upkeep/partitions.js'
+import { closeRange, dropRange, listPartitions, sequencePosition } from '../events/keeper/partitions.js'
 import { adminUrl, formatInt, migratedDatabase } from './common.js'
 
 const { values: args } = parseArgs({ options: { quick: { type: 'boolean', default: false } } })
@@ -78,10 +78,10 @@ try {
   const loadStarted = performance.now()
   await load(dropClient)
   await load(deleteClient)
-  const { rows: [size] } = await dropClient.query<{ bytes: string }>(`select pg_total_relation_size('events_initial')::text as bytes`)
+  const { rows: [size] } = await dropClient.query<{ bytes: string }>("select pg_total_relation_size('events_initial')::text as bytes")
   console.log(`loaded in ${formatSeconds((performance.now() - loadStarted) / 1000)}; the partition with its indexes: ${formatBytes(Number(size!.bytes))}\n`)
 
-  // What the keeper's pass does, step by step (events/upkeep/partitions.ts).
+  // What the keeper's pass does, step by step (events/keeper/partitions.ts).
   const [first] = (await listPartitions(dropClient))!.ranges
   const { drawn } = await sequencePosition(dropClient)
   if (!await closeRange(dropClient, drawn, first!.end, 1000)) throw new Error('the range could not be closed')

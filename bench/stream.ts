@@ -55,7 +55,7 @@ import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl, freePort, root, sleep, withDatabase } from './common.js'
+import { adminUrl, freePort, root, sleep, untilAnswering, withDatabase } from './common.js'
 import { ask, breakdown, medianRssKb, pausesLine, PROBE, rssKb, serviceArgs, startFlags, type ProbeReport } from './probe.js'
 
 const { values: args } = parseArgs({
@@ -99,7 +99,8 @@ const percentile = (sorted: number[], p: number) => sorted.length === 0 ? Number
  * phase (opening the streams) out of the next one's count.
  */
 const STATS_SETTLE_MS = Number(args['settle-ms'])
-
+/** How long the service's idle statements are counted (--idle-seconds). */
+const IDLE_SECONDS = Number(args['idle-seconds'])
 
 async function startService (port: number, wakeup: string): Promise<ChildProcess> {
   const floor = wakeup === 'floor'
@@ -123,14 +124,8 @@ async function startService (port: number, wakeup: string): Promise<ChildProcess
     },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc']
   })
-  for (let attempt = 0; attempt < 100; attempt++) {
-    try {
-      const res = await fetch(`http://127.0.0.1:${port}/health`)
-      if (res.ok) return child
-    } catch {}
-    await sleep(100)
-  }
-  throw new Error('the service did not start')
+  await untilAnswering(child, `http://127.0.0.1:${port}/health`, floor ? 'the floor' : 'the service')
+  return child
 }
 
 /** Commit time of each event, by id: taken just before COMMIT is sent (a conservative start). */
@@ -233,11 +228,11 @@ async function storm (port: number, agent: Agent, admin: pg.Client, writer: pg.C
   }
   await sleep(1000)
   const window = await metricsOf(port)
-  // The polling alone, over as long as the storm will take, then the storm.
+  // The polling alone, over as long as the storm will take (5 s, or --idle-seconds if shorter but at least 1: a smoke run's), then the storm.
   await sleep(STATS_SETTLE_MS)
   const idleStart = await transactionsOf(admin)
   const idleStarted = Date.now()
-  await sleep(5000)
+  await sleep(Math.max(1, Math.min(5, IDLE_SECONDS)) * 1000)
   await sleep(STATS_SETTLE_MS)
   const pollingPerSecond = ((await transactionsOf(admin)) - idleStart) / ((Date.now() - idleStarted) / 1000)
   const before = await metricsOf(port)
@@ -336,7 +331,7 @@ async function main () {
 
 /** The service's statements per second with no stream and no writer (--idle-seconds; 0 skips it). */
 async function idleStatements (admin: pg.Client): Promise<void> {
-  const idleSeconds = Number(args['idle-seconds'])
+  const idleSeconds = IDLE_SECONDS
   if (idleSeconds <= 0) return
   await sleep(STATS_SETTLE_MS)
   const before = await transactionsOf(admin)

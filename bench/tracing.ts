@@ -6,7 +6,7 @@
  * accepts and drops every batch, every request sampled). Prints each
  * round, then the medians and their ratio.
  *
- *   npm run bench:tracing -- [--seconds 10] [--rounds 3] [--connections 16]
+ *   npm run bench:tracing -- [--seconds 10] [--rounds 3] [--connections 16] [--no-build]
  */
 import autocannon from 'autocannon'
 import { createServer } from 'node:http'
@@ -17,7 +17,8 @@ const { values: args } = parseArgs({
   options: {
     seconds: { type: 'string', default: '10' },
     rounds: { type: 'string', default: '3' },
-    connections: { type: 'string', default: '16' }
+    connections: { type: 'string', default: '16' },
+    'no-build': { type: 'boolean', default: false }
   }
 })
 const SECONDS = Number(args.seconds)
@@ -43,7 +44,6 @@ async function collector () {
   return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, spans: () => spans, close: () => server.close() }
 }
 
-
 async function load (url: string) {
   const result = await autocannon({ url: `${url}${PATH}`, connections: CONNECTIONS, duration: SECONDS })
   if (result.non2xx > 0 || result.errors > 0) throw new Error(`${result.non2xx} non-2xx answers, ${result.errors} errors`)
@@ -51,7 +51,7 @@ async function load (url: string) {
 }
 
 async function main () {
-  buildService()
+  if (!args['no-build']) buildService()
   const databaseUrl = await demoDatabase(DATABASE)
 
   const sink = await collector()

@@ -17,6 +17,7 @@
  *
  *   DATABASE_URL=postgres://... npm run bench:ui -- [--tasks 200] [--events 3000] [--rounds 3] [--live 50]
  *   ... npm run bench:ui -- --quick       (20 tasks, 300 events, one round: CI's smoke run)
+ *   ... --no-build                        (ui/build as it is: CI builds it once, and tests read it meanwhile)
  */
 import { spawnSync } from 'node:child_process'
 import { existsSync } from 'node:fs'
@@ -36,7 +37,8 @@ const { values: args } = parseArgs({
     events: { type: 'string', default: '3000' },
     rounds: { type: 'string', default: '3' },
     live: { type: 'string', default: '50' },
-    quick: { type: 'boolean', default: false }
+    quick: { type: 'boolean', default: false },
+    'no-build': { type: 'boolean', default: false }
   }
 })
 const TASKS = args.quick ? 20 : Number(args.tasks)
@@ -170,11 +172,15 @@ const ms = (values: number[]) => values.map((value) => `${Math.round(value)}`).j
 
 async function main () {
   if (!existsSync(CHROMIUM)) throw new Error(`chromium not found at ${CHROMIUM}: apt-get install chromium (or set CHROMIUM_BIN)`)
-  const build = spawnSync('npm', ['run', '--silent', 'build:ui'], { cwd: root, stdio: 'inherit' })
-  if (build.status !== 0) throw new Error('npm run build:ui failed')
+  if (!args['no-build']) {
+    const build = spawnSync('npm', ['run', '--silent', 'build:ui'], { cwd: root, stdio: 'inherit' })
+    if (build.status !== 0) throw new Error('npm run build:ui failed')
+  }
   const databaseUrl = await migratedDatabase(DATABASE)
   const events = await seed(databaseUrl)
-  const app = await buildApp(loadConfig({ DATABASE_URL: databaseUrl, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' }))
+  // No load shedding, as in every bench: Chromium beside the service on a busy machine delays its event loop, and a
+  // page answered 503 never draws.
+  const app = await buildApp(loadConfig({ DATABASE_URL: databaseUrl, LOG_LEVEL: 'warn', LOG_FORMAT: 'json', MAX_EVENT_LOOP_DELAY_MS: '0' }))
   await app.listen({ port: 0, host: '127.0.0.1' })
   const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
   const browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run', '--disable-sync'] })

@@ -49,7 +49,7 @@ if (args.url !== undefined) {
   base = args.url
 } else {
   url = await migratedDatabase(DATABASE)
-  const app = await buildApp(loadConfig({ DATABASE_URL: url, LOG_LEVEL: 'silent', MIGRATE_ON_START: 'false' }))
+  const app = await buildApp(loadConfig({ DATABASE_URL: url, LOG_LEVEL: 'silent', MAX_EVENT_LOOP_DELAY_MS: '0', MIGRATE_ON_START: 'false' }))
   await app.listen({ port: 0, host: '127.0.0.1' })
   base = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
   close = () => app.close()
@@ -57,7 +57,7 @@ if (args.url !== undefined) {
 
 const setup = new pg.Client({ connectionString: url })
 await setup.connect()
-await setup.query(`insert into runs (run_id, goal, summary, status) values ($1, 'bench', '', 'running')`, [RUN])
+await setup.query("insert into runs (run_id, goal, summary, status) values ($1, 'bench', '', 'running')", [RUN])
 
 interface Commit { ids: number[], at: number }
 const commits: Commit[] = []
@@ -67,7 +67,7 @@ let running = true
 async function writer (): Promise<void> {
   const client = new pg.Client({ connectionString: url })
   await client.connect()
-  while (running) {
+  while (running) { // eslint-disable-line no-unmodified-loop-condition -- cleared once the run's time is up
     const burst = Math.random() < 0.02
     const count = burst ? 100 + Math.floor(Math.random() * 200) : 1 + Math.floor(Math.random() * 5)
     await client.query('begin')
@@ -97,7 +97,7 @@ async function reader (index: number): Promise<void> {
   // From the tail, as a live page starts: what it checks is what commits meanwhile.
   let offset = (await fetch(`${base}/api/streams/runs/${RUN}?offset=now`)).headers.get('stream-next-offset')!
   starts[index] = parseInt(offset, 36)
-  while (running) {
+  while (running) { // eslint-disable-line no-unmodified-loop-condition -- cleared once the run's time is up
     const began = performance.now()
     try {
       const response = await fetch(`${base}/api/streams/runs/${RUN}?offset=${offset}`)

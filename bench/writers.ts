@@ -49,8 +49,10 @@ const { values: args } = parseArgs({
   }
 })
 const USAGE = 'usage: npm run bench:writers -- [--seconds N] [--rounds N] [--warmup N] [--clients N] [--quick] [--keep] | --instructions'
-// --quick: one round of 1 s without warm-up, for CI (it must work; its figures mean little).
-const seconds = args.quick ? 1 : Number(args.seconds)
+// --quick: one round of 20 transactions per writer without warm-up, for CI (it must work; its figures mean little).
+const seconds = Number(args.seconds)
+/** Each measured stretch: --seconds, or the smoke run's count of transactions. */
+const measuredLength: Length = args.quick ? { transactions: 20 } : { seconds }
 const rounds = args.quick ? 1 : Number(args.rounds)
 const warmup = args.quick ? 0 : Number(args.warmup)
 const manyWriters = Number(args.clients)
@@ -227,11 +229,15 @@ function findPgbench (): string {
 
 interface PgbenchResult { tps: number, transactions: number, failed: number, latencyMs: number }
 
-function pgbench (binary: string, script: string, database: Side, clients: number, duration: number): Promise<PgbenchResult> {
+/** How long a stretch runs: seconds, or (the smoke run) a number of transactions per client, which a loaded machine cannot cut to none. */
+type Length = { seconds: number } | { transactions: number }
+
+function pgbench (binary: string, script: string, database: Side, clients: number, length: Length): Promise<PgbenchResult> {
   const url = new URL(withDatabase(ADMIN_URL, database))
   const password = decodeURIComponent(url.password)
   const argv = [
-    '-n', '-M', 'prepared', '-c', String(clients), '-j', String(Math.min(2, clients)), '-T', String(duration), '-f', script,
+    '-n', '-M', 'prepared', '-c', String(clients), '-j', String(Math.min(2, clients)),
+    ...('seconds' in length ? ['-T', String(length.seconds)] : ['-t', String(length.transactions)]), '-f', script,
     '-h', url.hostname, '-p', url.port || '5432', '-U', decodeURIComponent(url.username || 'postgres'), database
   ]
   return new Promise((resolve, reject) => {
@@ -274,10 +280,10 @@ async function throughput (binary: string, script: string, admin: pg.Client, cou
   }
   const eventCount = async (side: Side) => Number((await counters[side].query('select count(*) as n from events')).rows[0].n)
   /** One stretch, checked: every transaction committed its event. */
-  const stretch = async (side: Side, duration: number) => {
+  const stretch = async (side: Side, length: Length) => {
     await checkpoint()
     const before = await eventCount(side)
-    const result = await pgbench(binary, script, side, clients, duration)
+    const result = await pgbench(binary, script, side, clients, length)
     const inserted = await eventCount(side) - before
     if (result.failed > 0 || inserted !== result.transactions) {
       throw new Error(`${sideName(side)}, ${clients} writers: ${result.transactions} transactions, ${result.failed} failed, ${inserted} events inserted`)
@@ -287,14 +293,14 @@ async function throughput (binary: string, script: string, admin: pg.Client, cou
 
   const label = clients === 1 ? '1 writer' : `${clients} writers`
   if (warmup > 0) {
-    for (const side of [BARE, SERVICE] as const) await stretch(side, warmup)
+    for (const side of [BARE, SERVICE] as const) await stretch(side, { seconds: warmup })
   }
   const measured: Throughput = { clients, bare: [], service: [], ratios: [] }
   for (let round = 1; round <= rounds; round++) {
     // Which side goes first alternates, so that a drift of the machine's load falls on both sides.
     const order = round % 2 === 1 ? [BARE, SERVICE] as const : [SERVICE, BARE] as const
     const results = {} as Record<Side, PgbenchResult>
-    for (const side of order) results[side] = await stretch(side, seconds)
+    for (const side of order) results[side] = await stretch(side, measuredLength)
     const ratio = results[SERVICE].tps / results[BARE].tps
     measured.bare.push(results[BARE].tps)
     measured.service.push(results[SERVICE].tps)
@@ -402,7 +408,7 @@ async function main () {
     console.log(`${SERVICE}: migrations ${applied.join(', ')}; ${servicePath}`)
     console.log(`${BARE}: the same, then ${stripped.join(', ')}; ${barePath}`)
     console.log(`both: ${RUNS} runs, ${formatInt(RUNS * TASKS_PER_RUN)} tasks; the transaction: BEGIN; ${UPDATE_TASK}; ${INSERT_EVENT}; COMMIT`)
-    console.log(`throughput: pgbench -M prepared, ${rounds} round(s) of ${seconds} s per database, alternating, after ${warmup} s of warm-up each\n`)
+    console.log(`throughput: pgbench -M prepared, ${rounds} round(s) of ${'seconds' in measuredLength ? `${seconds} s` : `${measuredLength.transactions} transactions per writer`} per database, alternating, after ${warmup} s of warm-up each\n`)
 
     const results: Throughput[] = []
     for (const clients of manyWriters === 1 ? [1] : [manyWriters, 1]) {
