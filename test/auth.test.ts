@@ -6,7 +6,7 @@ import { JwtIssuers } from '../plugins/app/auth/jwt-issuers.js'
 import { STREAM_TOKEN_ISSUER, StreamTokens } from '../plugins/app/auth/stream-tokens.js'
 import { build, serve } from './helpers/app.js'
 import { insertGraph, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
-import { startIssuer, TEST_AUDIENCE, unsignedToken, type TestIssuer } from './helpers/issuer.js'
+import { startIssuer, TEST_AUDIENCE, unsignedToken } from './helpers/issuer.js'
 import { insertEvents } from './helpers/sse.js'
 
 // Authentication (docs/authentication.md), tried at every door: each
@@ -57,7 +57,7 @@ async function call (base: string, method: string, url: string, headers: Record<
 }
 
 async function listening (t: Test, overrides: Parameters<typeof build>[1]): Promise<{ app: FastifyInstance, base: string }> {
-  const { app, url } = await serve(t, { STREAM_TOKEN_SECRET: SECRET, STREAMS_LONG_POLL_MS: 200, ...overrides })
+  const { app, url } = await serve(t, { STREAM_TOKEN_SECRET: SECRET, DURABLE_STREAMS_LONG_POLL_MS: 200, ...overrides })
   return { app, base: url }
 }
 

@@ -24,8 +24,17 @@ const chosenMessages = [
 const chosenAttempts = [
   makeAttempt({ run_id: rid, task_id: 'a-chosen', attempt_no: 1, thread_id: 'thread-other' }),
   makeAttempt({
-    run_id: rid, task_id: 'a-chosen', attempt_no: 2, thread_id: 'thread-chosen', status: 'blocked',
-    base_ref: 'main', base_commit: 'abc123', branch_name: 'task/a', worktree_path: '/w/a', workspace_status: 'dirty', result_commit: 'def456'
+    run_id: rid,
+    task_id: 'a-chosen',
+    attempt_no: 2,
+    thread_id: 'thread-chosen',
+    status: 'blocked',
+    base_ref: 'main',
+    base_commit: 'abc123',
+    branch_name: 'task/a',
+    worktree_path: '/w/a',
+    workspace_status: 'dirty',
+    result_commit: 'def456'
   }),
   makeAttempt({ run_id: rid, task_id: 'a-chosen', attempt_no: 3, thread_id: 'thread-other' })
 ]
@@ -82,9 +91,20 @@ t.test('listBlockedTasks applies the rule', async (t) => {
   const [first, second] = blocked
   t.equal(first.attempt.attempt_no, 2, 'the attempt numbered latest_attempt_no, not the highest')
   t.same(first.attempt, {
-    run_id: rid, task_id: 'a-chosen', attempt_no: 2, assigned_to: 'worker-1', thread_id: 'thread-chosen',
-    base_ref: 'main', base_commit: 'abc123', branch_name: 'task/a', worktree_path: '/w/a', workspace_status: 'dirty',
-    result_commit: 'def456', status: 'blocked', created_at: first.attempt.created_at, updated_at: first.attempt.updated_at
+    run_id: rid,
+    task_id: 'a-chosen',
+    attempt_no: 2,
+    assigned_to: 'worker-1',
+    thread_id: 'thread-chosen',
+    base_ref: 'main',
+    base_commit: 'abc123',
+    branch_name: 'task/a',
+    worktree_path: '/w/a',
+    workspace_status: 'dirty',
+    result_commit: 'def456',
+    status: 'blocked',
+    created_at: first.attempt.created_at,
+    updated_at: first.attempt.updated_at
   }, 'every TaskAttempt field, optional ones present when set')
   t.equal(first.question.message_id, 'q-tie-b', 'the newest question; message_id breaks a created_at tie')
   t.equal(first.question.summary, 'newest question')

@@ -10,7 +10,7 @@ import { spawn } from 'node:child_process'
 import { createServer } from 'node:http'
 import { once } from 'node:events'
 import { root } from './helpers/run.js'
-import { freePort, sleep, waitUntil } from './helpers/wait.js'
+import { freePort, PROMPTLY_MS, sleep, waitUntil } from './helpers/wait.js'
 
 // The ocp-api command: its commands against the real service, in process
 // (main with captured output), and the bin as a user runs it.
@@ -106,15 +106,15 @@ t.test('runs and run: tables for people, --json for programs; paging; errors in 
   t.equal(JSON.parse(second.stdout).runs.length, 1)
   t.equal((await cli(['runs', '--status', 'nothing-has-it'], env)).stdout, 'No runs.\n')
   const colored = await cli(['runs'], env, { color: true })
-  t.match(colored.stdout, /^\u001b\[1mRUN/, 'bold headers on a terminal')
+  t.ok(colored.stdout.startsWith('\u001b[1mRUN'), 'bold headers on a terminal')
 
   const run = await cli(['run', 'run-cli'], env)
   t.equal(run.code, 0)
-  t.match(run.stdout, /^Run run-cli: Ship the CLI\nstatus   running\ntasks    2 \(1 blocked, 1 done\)/)
+  t.match(run.stdout, /^Run run-cli: Ship the CLI\nstatus {3}running\ntasks {4}2 \(1 blocked, 1 done\)/)
   t.match(run.stdout, /TASK +STATUS +PRIORITY +TITLE\ntask-1 +done/)
   t.match(run.stdout, /Blocked task-2 \(attempt 1, thread thread-cli\): Which way\?/)
   t.equal(JSON.parse((await cli(['run', 'run-cli', '--json'], env)).stdout).run.run.run_id, 'run-cli')
-  t.match((await cli(['run', 'run-done'], env)).stdout, /\ntasks    0\n/, 'a run with no tasks')
+  t.match((await cli(['run', 'run-done'], env)).stdout, /\ntasks {4}0\n/, 'a run with no tasks')
   const filteredPage = await cli(['runs', '--limit', '1', '--status', 'running,done', '--json'], env)
   t.match(filteredPage.stderr, /^ocp-api: more runs: ocp-api runs --status running,done --limit 1 --cursor \S+ --json\n$/)
 
@@ -194,7 +194,7 @@ t.test('wait: on the stream until the status is in --until; exit 0 in --ok, 1 ou
   const started = Date.now()
   const timedOut = await cli(['wait', 'run-cli', '--until', 'done', '--timeout', '700ms'], env)
   t.equal(timedOut.code, EXIT.timeout)
-  t.ok(Date.now() - started < 5000, 'on time')
+  t.ok(Date.now() - started < PROMPTLY_MS, 'on time')
   t.match(timedOut.stderr, /timed out after 700ms: run run-cli is still running, waiting for done/)
   t.equal(timedOut.stdout, '')
 
@@ -324,7 +324,7 @@ t.test('--connect-timeout: wait and watch give up on a service out of reach, exi
   const started = Date.now()
   const waiting = await cli(['wait', 'run-cli', '--until', 'done', '--connect-timeout', '1s', '--url', nowhere])
   t.equal(waiting.code, EXIT.failed, 'no --timeout: still an end')
-  t.ok(Date.now() - started < 5000, 'on time')
+  t.ok(Date.now() - started < PROMPTLY_MS, 'on time')
   t.match(waiting.stderr, /ocp-api: cannot reach the service: ECONNREFUSED \(no answer network, \S+\); retrying in \d\.\d s\n/, 'each retry says why')
   t.match(waiting.stderr, /\nocp-api: gave up after 1s \(--connect-timeout\) out of reach of the service: cannot reach the service: ECONNREFUSED \(no answer network, http:\/\/127\.0\.0\.1:\d+\/api\/runs\/run-cli\)\n$/)
   for (const args of [['watch'], ['watch', '--run', 'run-cli'], ['watch', '--thread', 'thread-cli', '--after', '3']]) {

@@ -15,7 +15,7 @@ const TASKS = ['t-1', 't-2', 't-3', 't-4']
 
 t.before(() => insertGraph({
   runs: [makeRun({ run_id: 'run-lb', status: 'running' })],
-  tasks: TASKS.map((task_id) => makeTask({ run_id: 'run-lb', task_id, status: 'ready' }))
+  tasks: TASKS.map((taskId) => makeTask({ run_id: 'run-lb', task_id: taskId, status: 'ready' }))
 }))
 
 t.test('a replica dies under liveRun and watch: nothing lost, the last snapshot is a fresh read', async (t) => {
@@ -31,7 +31,7 @@ t.test('a replica dies under liveRun and watch: nothing lost, the last snapshot 
   const controller = new AbortController()
   t.teardown(() => controller.abort())
   const watching = (async () => { for await (const event of client.watch({ run_id: 'run-lb' }, { after: start!, signal: controller.signal, maxDelayMs: 500 })) received.push(event) })()
-  await waitUntil(() => snapshots.length >= 3, 'the first snapshots', 10_000)
+  await waitUntil(() => snapshots.length >= 3, 'the first snapshots', 60_000)
 
   const db = await writer()
   const written: number[] = []
@@ -46,11 +46,11 @@ t.test('a replica dies under liveRun and watch: nothing lost, the last snapshot 
     written.push(Number(row.event_id))
     await sleep(20)
   }
-  await waitUntil(() => received.length >= written.length, 'every event through the proxy', 30_000)
+  await waitUntil(() => received.length >= written.length, 'every event through the proxy', 60_000)
   t.same(received.map((event) => event.event_id), written, 'watch: every event once, in order, across two replicas killed')
 
   let count = -1
-  await waitUntil(async () => { const now = snapshots.length; if (now === count) return true; count = now; await sleep(1000); return false }, 'a quiet period', 30_000)
+  await waitUntil(async () => { const now = snapshots.length; if (now === count) return true; count = now; await sleep(1000); return false }, 'a quiet period', 60_000)
   const fresh = (await client.run('run-lb')).run
   for (const snapshot of snapshots) {
     const counted = Object.values(snapshot.task_counts).reduce((sum, n) => sum + n, 0)

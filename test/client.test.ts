@@ -168,7 +168,6 @@ t.test('readSse: LF, CRLF and CR line ends, multi-line data, comments, ids and r
   t.same(blocks, [{ retry: 300 }, { id: '1', data: '{"a":\n1}' }, { id: '2' }, { id: '3', data: '', comment: 'c' }], 'a comment alone is no block; with fields, the block keeps it')
 })
 
-
 t.test('watch: events in order, once, resuming across a restart of the service', async (t) => {
   const first = await serve(t)
   const client = createClient({ url: first.url })
@@ -267,7 +266,7 @@ async function commitTask (runId: string, taskId: string, status: string) {
 /** Waits until nothing new was handed out for `quietMs`. */
 async function quiet (count: () => number, quietMs = 500) {
   let seen = -1
-  await waitUntil(async () => { const now = count(); if (now === seen) return true; seen = now; await sleep(quietMs); return false }, 'a quiet period', 20_000)
+  await waitUntil(async () => { const now = count(); if (now === seen) return true; seen = now; await sleep(quietMs); return false }, 'a quiet period', 60_000)
 }
 
 t.test('liveRun: whole reads only, coalesced, and after a quiet period the last equals a fresh read', async (t) => {
@@ -305,7 +304,7 @@ t.test('liveRun: after the history moved past its cursor (410), it reads and sub
   await sql`update event_log_state set history_floor = (select max(event_id) from events)`.execute(db)
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
   await serve(t, {}, first.port)
-  await waitUntil(() => snapshots.at(-1)?.tasks.find((task) => task.task_id === 'task-a')?.status === 'failed', 'the change made while away', 10_000)
+  await waitUntil(() => snapshots.at(-1)?.tasks.find((task) => task.task_id === 'task-a')?.status === 'failed', 'the change made while away', 60_000)
   await commitTask('run-c1', 'task-a', 'running')
   await waitUntil(() => snapshots.at(-1)?.tasks.find((task) => task.task_id === 'task-a')?.status === 'running', 'a change made after it resubscribed')
   t.same(snapshots.at(-1), (await client.run('run-c1')).run)
@@ -393,7 +392,7 @@ t.test('followRun: the read, then each event after it; a fresh read after a 410;
   await sql`update event_log_state set history_floor = (select max(event_id) from events)`.execute(db)
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
   await serve(t, {}, first.port)
-  await waitUntil(() => items.length === 4, 'a fresh read', 10_000)
+  await waitUntil(() => items.length === 4, 'a fresh read', 60_000)
   t.equal(items[3]!.kind, 'read', 'read again, not the events lost')
   const [after] = await insertEvents({ run_id: 'run-c2' })
   await waitUntil(() => items.length === 5, 'the event after it')

@@ -1,6 +1,6 @@
 import { createServer } from 'node:net'
 import t from 'tap'
-import { allowedHostsOf, checkSettings, ConfigError, durationMs, isLoopback, listenFailure, loadConfig, loadDemoConfig, portFree, trustedProxiesOf } from '../config.js'
+import { allowedHostsOf, checkSettings, ConfigError, deprecatedSettingsIn, durationMs, isLoopback, listenFailure, loadConfig, loadDemoConfig, portFree, trustedProxiesOf } from '../config.js'
 
 const url = 'postgres://postgres@127.0.0.1:5432/postgres'
 
@@ -8,6 +8,26 @@ t.test('without DATABASE_URL the embedded database is used', async (t) => {
   const config = loadConfig({})
   t.notOk('DATABASE_URL' in config)
   t.equal(config.PGLITE_DATA_DIR, 'data/pglite')
+})
+
+t.test('a renamed setting: its old name still works, with a warning; both names must agree', async (t) => {
+  t.equal(loadConfig({ DATABASE_URL: url, EVENTS_CLOCK_INTERVAL_MS: '200' }).EVENTS_KEEPER_INTERVAL_MS, 200, 'the old name alone is read')
+  t.notOk('EVENTS_CLOCK_INTERVAL_MS' in loadConfig({ DATABASE_URL: url, EVENTS_CLOCK_INTERVAL_MS: '200' }), 'under the new name only')
+  t.equal(loadConfig({ DATABASE_URL: url, EVENTS_KEEPER_INTERVAL_MS: '300' }).EVENTS_KEEPER_INTERVAL_MS, 300, 'the new name')
+  t.equal(loadConfig({ DATABASE_URL: url, EVENTS_CLOCK_INTERVAL_MS: '300', EVENTS_KEEPER_INTERVAL_MS: '300' }).EVENTS_KEEPER_INTERVAL_MS, 300, 'both, agreeing')
+  t.throws(() => loadConfig({ DATABASE_URL: url, EVENTS_CLOCK_INTERVAL_MS: '200', EVENTS_KEEPER_INTERVAL_MS: '300' }),
+    new ConfigError('invalid configuration: EVENTS_CLOCK_INTERVAL_MS (deprecated) and EVENTS_KEEPER_INTERVAL_MS are both set, to different values: set EVENTS_KEEPER_INTERVAL_MS alone'))
+  t.throws(() => loadConfig({ EVENTS_CLOCK_INTERVAL_MS: '10' }), /EVENTS_KEEPER_INTERVAL_MS must be >= 50/, 'validated under its new name')
+  t.same(deprecatedSettingsIn({ EVENTS_CLOCK_INTERVAL_MS: '200', EVENTS_KEEPER_INTERVAL_MS: '200' }), ['EVENTS_CLOCK_INTERVAL_MS is deprecated: use EVENTS_KEEPER_INTERVAL_MS'], 'one warning per old name')
+  t.same(deprecatedSettingsIn({ EVENTS_CLOCK_INTERVAL_MS: '', EVENTS_KEEPER_INTERVAL_MS: '200' }), [], 'none for an empty old name, nor the new one')
+})
+
+t.test('the Durable Streams settings\' old names (STREAMS_*) are read as DURABLE_STREAMS_*', async (t) => {
+  const config = loadConfig({ DATABASE_URL: url, STREAMS_LONG_POLL_MS: '1000', STREAMS_SSE_MAX_MS: '2000', STREAMS_MAX_LONG_POLLS: '40', STREAMS_MAX_LONG_POLLS_PER_CALLER: '3' })
+  t.same([config.DURABLE_STREAMS_LONG_POLL_MS, config.DURABLE_STREAMS_SSE_MAX_MS, config.DURABLE_STREAMS_MAX_LONG_POLLS, config.DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER], [1000, 2000, 40, 3])
+  t.equal(loadConfig({ DATABASE_URL: url, STREAMS_MAX_LONG_POLLS: '40' }).DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER, 10, 'the per-caller default follows the old name\'s value')
+  t.same(deprecatedSettingsIn({ STREAMS_SSE_MAX_MS: '2000', STREAMS_MAX_LONG_POLLS: '40' }),
+    ['STREAMS_SSE_MAX_MS is deprecated: use DURABLE_STREAMS_SSE_MAX_MS', 'STREAMS_MAX_LONG_POLLS is deprecated: use DURABLE_STREAMS_MAX_LONG_POLLS'])
 })
 
 t.test('defaults', async (t) => {
@@ -28,7 +48,7 @@ t.test('defaults', async (t) => {
     EVENTS_WAKEUP: 'auto',
     EVENTS_WAKEUP_POLL_INTERVAL_MS: 1000,
     EVENTS_WINDOW_BYTES: 33554432,
-    EVENTS_CLOCK_INTERVAL_MS: 1000,
+    EVENTS_KEEPER_INTERVAL_MS: 1000,
     SSE_KEEPALIVE_MS: 15000,
     SSE_RETRY_MS: 2000,
     SSE_MAX_BUFFERED_BYTES: 1048576,
@@ -36,11 +56,11 @@ t.test('defaults', async (t) => {
     LOG_FORMAT: 'auto',
     SHUTDOWN_GRACE_MS: 10000,
     SSE_MAX_STREAMS: 10000,
-    STREAMS_LONG_POLL_MS: 20000,
-    STREAMS_SSE_MAX_MS: 60000,
+    DURABLE_STREAMS_LONG_POLL_MS: 20000,
+    DURABLE_STREAMS_SSE_MAX_MS: 60000,
     SSE_MAX_STREAMS_PER_CALLER: 2500,
-    STREAMS_MAX_LONG_POLLS: 10000,
-    STREAMS_MAX_LONG_POLLS_PER_CALLER: 2500,
+    DURABLE_STREAMS_MAX_LONG_POLLS: 10000,
+    DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: 2500,
     TRUSTED_PROXIES: '',
     REQUEST_TIMEOUT_MS: 30000,
     CONNECTION_TIMEOUT_MS: 120000,
@@ -60,8 +80,15 @@ t.test('defaults', async (t) => {
 
 t.test('values are parsed from their text', async (t) => {
   const config = loadConfig({
-    DATABASE_URL: 'postgresql://u:p@db:5432/x', PORT: '9090', HOST: '127.0.0.1', LOG_LEVEL: 'debug',
-    DB_POOL_MAX: '3', DB_STATEMENT_TIMEOUT_MS: '250', DB_CONNECT_TIMEOUT_MS: '100', MIGRATE_ON_START: 'false', RUN_LIST_DEFAULT_LIMIT: '50'
+    DATABASE_URL: 'postgresql://u:p@db:5432/x',
+    PORT: '9090',
+    HOST: '127.0.0.1',
+    LOG_LEVEL: 'debug',
+    DB_POOL_MAX: '3',
+    DB_STATEMENT_TIMEOUT_MS: '250',
+    DB_CONNECT_TIMEOUT_MS: '100',
+    MIGRATE_ON_START: 'false',
+    RUN_LIST_DEFAULT_LIMIT: '50'
   })
   t.match(config, { PORT: 9090, HOST: '127.0.0.1', LOG_LEVEL: 'debug', DB_POOL_MAX: 3, DB_STATEMENT_TIMEOUT_MS: 250, MIGRATE_ON_START: false, RUN_LIST_DEFAULT_LIMIT: 50 })
 })
@@ -102,10 +129,10 @@ t.test('a bad or missing value is refused, naming the variable', async (t) => {
 })
 
 t.test('a caller\'s share of the streams and long-polls: by default a quarter of the instance\'s, at least 1', async (t) => {
-  t.match(loadConfig({ DATABASE_URL: url, SSE_MAX_STREAMS: '100', STREAMS_MAX_LONG_POLLS: '42' }), { SSE_MAX_STREAMS_PER_CALLER: 25, STREAMS_MAX_LONG_POLLS_PER_CALLER: 10 })
-  t.match(loadConfig({ DATABASE_URL: url, SSE_MAX_STREAMS: '3', STREAMS_MAX_LONG_POLLS: '1' }), { SSE_MAX_STREAMS_PER_CALLER: 1, STREAMS_MAX_LONG_POLLS_PER_CALLER: 1 }, 'at least 1')
-  t.match(loadConfig({ DATABASE_URL: url, SSE_MAX_STREAMS_PER_CALLER: '7', STREAMS_MAX_LONG_POLLS_PER_CALLER: '' }), { SSE_MAX_STREAMS_PER_CALLER: 7, STREAMS_MAX_LONG_POLLS_PER_CALLER: 2500 }, 'set, it is taken as given; empty, the default')
-  t.throws(() => loadConfig({ DATABASE_URL: url, STREAMS_MAX_LONG_POLLS_PER_CALLER: '0' }), { message: /STREAMS_MAX_LONG_POLLS_PER_CALLER must be >= 1/ })
+  t.match(loadConfig({ DATABASE_URL: url, SSE_MAX_STREAMS: '100', DURABLE_STREAMS_MAX_LONG_POLLS: '42' }), { SSE_MAX_STREAMS_PER_CALLER: 25, DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: 10 })
+  t.match(loadConfig({ DATABASE_URL: url, SSE_MAX_STREAMS: '3', DURABLE_STREAMS_MAX_LONG_POLLS: '1' }), { SSE_MAX_STREAMS_PER_CALLER: 1, DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: 1 }, 'at least 1')
+  t.match(loadConfig({ DATABASE_URL: url, SSE_MAX_STREAMS_PER_CALLER: '7', DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: '' }), { SSE_MAX_STREAMS_PER_CALLER: 7, DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: 2500 }, 'set, it is taken as given; empty, the default')
+  t.throws(() => loadConfig({ DATABASE_URL: url, DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: '0' }), { message: /DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER must be >= 1/ })
 })
 
 t.test('TRUSTED_PROXIES: addresses, CIDR ranges and proxy-addr\'s names; anything else is refused, named', async (t) => {

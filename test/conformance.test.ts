@@ -16,7 +16,7 @@ import { EXCLUDED } from './conformance/scope.js'
 const LONG_POLL_MS = 3000
 
 t.test('the official conformance suite\'s read path passes, but for the tests named with why they cannot apply', { skip: needsServer('an orchestrator\'s writes on a server of its own') }, async (t) => {
-  const app = await build(t, { STREAMS_LONG_POLL_MS: LONG_POLL_MS, CORS_ORIGINS: '*', EVENTS_POLL_INTERVAL_MS: 50, EVENTS_CLOCK_INTERVAL_MS: 100 })
+  const app = await build(t, { DURABLE_STREAMS_LONG_POLL_MS: LONG_POLL_MS, CORS_ORIGINS: '*', EVENTS_POLL_INTERVAL_MS: 50, EVENTS_KEEPER_INTERVAL_MS: 100 })
   await app.listen({ port: 0, host: '127.0.0.1' })
   const result = await runConformance(`http://127.0.0.1:${(app.server.address() as { port: number }).port}`, await testDatabaseUrl(), LONG_POLL_MS)
   t.ok(result.tests.length >= 100, `the suite's read path: ${result.tests.length} tests`)

@@ -38,8 +38,8 @@ const folderReadmes = readdirSync(root, { withFileTypes: true })
   .filter((entry) => entry.isDirectory() && !entry.name.startsWith('.') && entry.name !== 'node_modules' && existsSync(join(root, entry.name, 'README.md')))
   .map((entry) => `${entry.name}/README.md`)
 
-/** The Markdown files a reader opens: the README, BENCHMARKS.md, docs/ and each folder's README. */
-const markdownFiles = [...new Set(['README.md', 'BENCHMARKS.md', ...readdirSync(join(root, 'docs')).filter((name) => name.endsWith('.md')).map((name) => `docs/${name}`), ...folderReadmes])]
+/** The Markdown files a reader opens: the README, BENCHMARKS.md, CHANGELOG.md, docs/ and each folder's README. */
+const markdownFiles = [...new Set(['README.md', 'BENCHMARKS.md', 'CHANGELOG.md', ...readdirSync(join(root, 'docs')).filter((name) => name.endsWith('.md')).map((name) => `docs/${name}`), ...folderReadmes])]
 
 t.test('the README\'s layout names every top-level folder, and each has a README', async (t) => {
   const start = readme.indexOf('\n## Layout\n')
@@ -63,6 +63,16 @@ function anchorsOf (file: string): Set<string> {
   const text = readFileSync(file, 'utf8').replace(/^```[^\n]*\n[\s\S]*?^```/gm, '')
   return new Set([...text.matchAll(/^#{1,6} (.+)$/gm)].map((match) => anchorOf(match[1]!)))
 }
+
+t.test('one glossary: the reference\'s "Words", which the other pages link to', async (t) => {
+  const reference = readFileSync(join(root, 'docs/reference.md'), 'utf8')
+  t.match(reference, /\n## Words\n/, 'docs/reference.md has a "Words" section')
+  for (const [path, link] of [['docs/stream.md', 'reference.md#words'], ['docs/durable-streams.md', 'reference.md#words'], ['events/README.md', '../docs/reference.md#words']] as const) {
+    const text = readFileSync(join(root, path), 'utf8')
+    t.ok(text.includes(`](${link})`), `${path} links to the glossary`)
+    t.notMatch(text, /one meaning each|keeps apart|A word used with one meaning/, `and ${path} keeps no glossary of its own`)
+  }
+})
 
 t.test('every link to a section of the documentation finds its heading', async (t) => {
   for (const file of markdownFiles) {

@@ -3,7 +3,7 @@ import { ApiError } from '../errors.js'
 import { DurableReads } from '../events/durable/reads.js'
 import { Waiter } from '../events/durable/waiter.js'
 import type { EventHub, Listener } from '../events/hub.js'
-import type { LogState, StoredEvent } from '../events/log.js'
+import type { LogState, StoredEvent } from '../events/statements.js'
 import type { EventReader } from '../events/reader.js'
 
 // A long-poll from a recent offset (a crowd's every re-poll) takes a path
@@ -18,7 +18,7 @@ const event = (id: number): StoredEvent => ({ id, runId: 'run-1', threadId: '', 
 
 function setup (recent: (afterId: number) => StoredEvent[] | undefined, longPolls = { max: 100, maxPerCaller: 100 }) {
   const listeners = new Set<Listener>()
-  const hub = { head: HEAD, state, listen: (listener: Listener) => listeners.add(listener), unlisten: (listener: Listener) => listeners.delete(listener) }
+  const hub = { tail: HEAD, state, listen: (listener: Listener) => listeners.add(listener), unlisten: (listener: Listener) => listeners.delete(listener) }
   const reader = { recentKeptAfter: (afterId: number) => recent(afterId) }
   return { listeners, reads: new DurableReads(undefined as never, hub as unknown as EventHub, reader as unknown as EventReader, longPolls) }
 }
@@ -27,7 +27,7 @@ const noGone = () => {}
 
 t.test('events the window holds past the offset: answered at once', async (t) => {
   const { listeners, reads } = setup(() => [event(9), event(10)])
-  const page = await reads.longPoll(8, { runId: 'run-1' }, 'offset', 1000, noGone, 'caller')
+  const page = await reads.longPoll(8, { runId: 'run-1' }, 1000, noGone, 'caller')
   t.same(page.events.map((e) => e.id), [9, 10])
   t.equal(page.next, HEAD)
   t.equal(listeners.size, 0, 'nothing left listening')
@@ -37,7 +37,7 @@ t.test('events the window holds past the offset: answered at once', async (t) =>
 t.test('a cursor the window refuses (a range reissued after a failover): rejected, nothing left listening', async (t) => {
   const refused = new ApiError('cursor_expired', 'lost in a failover')
   const { listeners, reads } = setup(() => { throw refused })
-  await t.rejects(reads.longPoll(8, { runId: 'run-1' }, 'offset', 1000, noGone, 'caller'), refused)
+  await t.rejects(reads.longPoll(8, { runId: 'run-1' }, 1000, noGone, 'caller'), refused)
   t.equal(listeners.size, 0)
   t.equal(reads.waiting, 0)
   t.equal(reads.longPolls, 0, 'and its slot given back')
@@ -45,13 +45,13 @@ t.test('a cursor the window refuses (a range reissued after a failover): rejecte
 
 t.test('nothing yet: waits on the hub, and answers what a poll hands out', async (t) => {
   const { listeners, reads } = setup(() => [])
-  const answer = reads.longPoll(HEAD, { runId: 'run-1' }, 'offset', 10_000, noGone, 'caller')
+  const answer = reads.longPoll(HEAD, { runId: 'run-1' }, 10_000, noGone, 'caller')
   t.equal(listeners.size, 1, 'listening')
   t.equal(reads.waiting, 1)
   const [waiter] = listeners
   t.ok(waiter instanceof Waiter)
   waiter!.offer(event(HEAD + 1))
-  t.ok((waiter as Waiter).settled(), 'a poll ends with an event kept: it answers')
+  t.ok((waiter as Waiter).answer(), 'a poll ends with an event kept: it answers')
   const page = await answer
   t.same(page.events.map((e) => e.id), [HEAD + 1])
   t.equal(listeners.size, 0, 'and listens no more')
@@ -61,9 +61,9 @@ t.test('one caller at its share of long-polls is refused, another is not; a long
   const { listeners, reads } = setup(() => [], { max: 3, maxPerCaller: 2 })
   const leave: Array<() => void> = []
   const whenGone = (stop: () => void) => { leave.push(stop) }
-  const poll = (caller: string) => reads.longPoll(HEAD, { runId: 'run-1' }, 'offset', 10_000, whenGone, caller)
+  const poll = (caller: string) => reads.longPoll(HEAD, { runId: 'run-1' }, 10_000, whenGone, caller)
   const held = [poll('a'), poll('a')]
-  await t.rejects(poll('a'), { code: 'too_many_requests', statusCode: 429, kind: 'long-poll', reason: 'caller', message: /already holds 2 long-polls .*STREAMS_MAX_LONG_POLLS_PER_CALLER/ })
+  await t.rejects(poll('a'), { code: 'too_many_requests', statusCode: 429, kind: 'long-poll', reason: 'caller', message: /already holds 2 long-polls .*DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER/ })
   held.push(poll('b'))
   t.equal(reads.longPolls, 3, 'another caller still gets one')
   await t.rejects(poll('c'), { code: 'unavailable', statusCode: 503, kind: 'long-poll', reason: 'instance', message: /already serves 3 long-polls/ })

@@ -32,7 +32,7 @@ t.test('Durable Streams through a hot standby: every event once, ascending', { s
   await pg15.waitForReplay()
 
   const config = loadConfig({ DATABASE_URL: primary, DATABASE_READ_URL: reader, LOG_LEVEL: 'silent', MAX_EVENT_LOOP_DELAY_MS: '0' })
-  const app = await buildApp({ ...config, EVENTS_POLL_INTERVAL_MS: 20, EVENTS_CLOCK_INTERVAL_MS: 50 })
+  const app = await buildApp({ ...config, EVENTS_POLL_INTERVAL_MS: 20, EVENTS_KEEPER_INTERVAL_MS: 50 })
   t.teardown(() => app.close())
   await app.listen({ port: 0, host: '127.0.0.1' })
   const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}/api/streams/runs/ds-standby`
@@ -50,7 +50,7 @@ t.test('Durable Streams through a hot standby: every event once, ascending', { s
       const client = await pool.connect()
       try {
         await client.query('begin')
-        await client.query(`insert into events (event_type, run_id) values ('written', 'ds-standby')`)
+        await client.query("insert into events (event_type, run_id) values ('written', 'ds-standby')")
         // Held open a while: later ids commit first.
         await new Promise((resolve) => setTimeout(resolve, (writer * 7 + i * 13) % 60))
         await client.query('commit')
@@ -59,10 +59,10 @@ t.test('Durable Streams through a hot standby: every event once, ascending', { s
       }
     }
   }))
-  const committed = (await pool.query(`select event_id from events where run_id = 'ds-standby' and event_type = 'written' order by event_id`)).rows.map((row) => Number(row.event_id))
+  const committed = (await pool.query("select event_id from events where run_id = 'ds-standby' and event_type = 'written' order by event_id")).rows.map((row) => Number(row.event_id))
   t.equal(committed.length, WRITERS * 3)
   for (const reader of readers) {
-    await waitUntil(() => reader.got.length >= committed.length, `${reader.live}: every event`, 15_000)
+    await waitUntil(() => reader.got.length >= committed.length, `${reader.live}: every event`, 60_000)
     t.same(reader.got, committed, `${reader.live}: every event once, ascending`)
   }
 })

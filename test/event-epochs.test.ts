@@ -1,6 +1,6 @@
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import type { LogState } from '../events/log.js'
+import type { LogState } from '../events/statements.js'
 import { reportable } from '../events/reader.js'
 import { build } from './helpers/app.js'
 import { testBackend, testDatabaseUrl } from './helpers/database.js'
@@ -18,7 +18,7 @@ interface LogLine { level: number, msg: string }
 
 async function serveLogged (t: Test) {
   const lines: LogLine[] = []
-  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50, EVENTS_CLOCK_INTERVAL_MS: 100, LOG_LEVEL: 'warn' },
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50, EVENTS_KEEPER_INTERVAL_MS: 100, LOG_LEVEL: 'warn' },
     { logger: { level: 'warn', stream: { write: (line: string) => { lines.push(JSON.parse(line)) } } } })
   await app.listen({ port: 0, host: '127.0.0.1' })
   return { app, lines, url: `http://127.0.0.1:${(app.server.address() as { port: number }).port}` }
@@ -45,7 +45,7 @@ t.test('two ticks at once, from any sessions, never take each other\'s census fo
   await holder.query('begin')
   await holder.query('select 1 from event_log_state for update')
   const lateTick = late.query<{ rewound: string | null, epoch: number }>('select rewound, epoch from events_keep_order()')
-  await waitUntil(async () => (await holder.query(`select 1 from pg_locks where not granted and locktype = 'transactionid'`)).rowCount! > 0, 'the late tick to wait on the row')
+  await waitUntil(async () => (await holder.query("select 1 from pg_locks where not granted and locktype = 'transactionid'")).rowCount! > 0, 'the late tick to wait on the row')
   // Meanwhile ids are drawn, and the holder ticks, storing a census of the sequence above what the late tick saw at its start.
   await insertEvents({ event_type: 'meanwhile' }, { event_type: 'meanwhile' }, { event_type: 'meanwhile' })
   await holder.query('select events_keep_order()')
@@ -82,10 +82,8 @@ t.test('a sequence moved back goes forward again: ids never repeat, no stream en
   const stream = await openStream(url, `/api/events/stream?after_event_id=${before[0]! - 1}`)
   t.teardown(stream.close)
   await stream.waitFor((s) => s.events().length >= 3)
+  // The tick that publishes them raises the settle mark with them: from then on the check refuses their ids.
   await waitUntil(async () => Number((await stateOf(client)).settled) >= last, 'a tick past them')
-  // The check refuses ids at or below the settle mark, which a tick raises past a writer only once its census no
-  // longer counts it in flight: the tick that published them may have been too early to.
-  await waitUntil(async () => Number((await client.query('select last_value from events_settle_mark')).rows[0].last_value) >= last, 'the settle mark past them')
   const { epoch } = await stateOf(client)
 
   // Below the settle mark, onto ids the table no longer holds (ALTER SEQUENCE ... RESTART after a DELETE): the first row
@@ -114,6 +112,47 @@ t.test('a sequence moved back goes forward again: ids never repeat, no stream en
   await resumed.waitFor((s) => s.events().length >= 2)
   t.same(resumed.events().map((event) => event.event_id), [restarted, next], 'with what came after it')
   t.equal((await stateOf(client)).epoch, epoch, 'no new epoch')
+})
+
+t.test('an id settled over the run of visible ids, deleted and drawn again after a rewind, is refused: streams have passed it', async (t) => {
+  const { url } = await serveLogged(t)
+  const client = await admin(t)
+  // The ticks by hand, each step deterministic: the lease taken from the service's keeper (in one transaction, so no tick renews it between).
+  await client.query('begin')
+  await client.query('update event_log_state set keeper_until = clock_timestamp() - interval \'1 second\'')
+  const { term } = (await client.query<{ term: string }>('select term::text from events_take_lease(\'the test\', 600000)')).rows[0]!
+  await client.query('commit')
+  t.teardown(() => client.query('select events_release_lease(\'the test\', $1)', [term]))
+  const tick = async () => { await client.query('select events_keep_order()') }
+  const markOf = async () => Number((await client.query<{ mark: string }>('select last_value::text as mark from events_settle_mark')).rows[0]!.mark)
+
+  const [first] = await insertEvents({ event_type: 'before' })
+  await tick()
+  // A reader of the sequence left idle holds its lock: the census counts it in flight, below every id drawn since.
+  const reader = await admin(t)
+  await reader.query('begin')
+  await reader.query('select pg_sequence_last_value(\'events_event_id_seq\')')
+  await tick()
+  const stream = await openStream(url, `/api/events/stream?after_event_id=${first! - 1}`)
+  t.teardown(stream.close)
+  const settledIds = await insertEvents({ event_type: 'settled' }, { event_type: 'settled' })
+  await tick()
+  const settled = Number((await stateOf(client)).settled)
+  t.equal(settled, settledIds.at(-1), 'the tick settles the run of visible ids above what its census holds back')
+  t.ok(await markOf() >= settled, 'and raises the settle mark to the position it publishes')
+  await reader.query('rollback')
+  await stream.waitFor((s) => s.events().length >= 3)
+
+  // Deleted, and drawn again after a rewind: inserted now, it would be behind every stream.
+  await client.query('delete from events where event_id = $1', [settledIds[0]])
+  await client.query('select setval(\'events_event_id_seq\', $1)', [settledIds[0]! - 1])
+  await t.rejects(insertEvents({ event_type: 'drawn again' }), { code: '40001', message: /had been moved back .* moved forward again/ },
+    'the insert that drew a settled id fails, as a transaction to retry')
+  const [retried] = await insertEvents({ event_type: 'drawn again' })
+  t.ok(retried! > settled, `retried, it draws above every id settled (${retried} > ${settled})`)
+  await tick()
+  await stream.waitFor((s) => s.events().length >= 4)
+  t.same(stream.events().map((event) => event.event_id), [first, ...settledIds, retried], 'the stream gets it, once, in order')
 })
 
 t.test('TRUNCATE ... RESTART IDENTITY: the events go, the ids go on, the floor rises, and no replica serves from memory what went', async (t) => {

@@ -1,6 +1,6 @@
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
-import type { StoredEvent } from '../events/log.js'
+import type { StoredEvent } from '../events/statements.js'
 import { EVENT_OVERHEAD_BYTES, EventWindow } from '../events/window.js'
 import { serve as serveApp } from './helpers/app.js'
 import { insertGraph, makeRun, makeThread } from './helpers/fixtures.js'
@@ -16,23 +16,23 @@ const event = (id: number, runId = '', threadId = ''): StoredEvent => ({ id, run
 const SIZE = 30 + EVENT_OVERHEAD_BYTES
 const ids = (events: StoredEvent[]) => events.map((e) => e.id)
 
-t.test('the window covers (from, head]: appended events, filtered pages, bounded by bytes', async (t) => {
+t.test('the window covers (from, tail]: appended events, filtered pages, bounded by bytes', async (t) => {
   const window = new EventWindow(10, 3 * SIZE)
-  t.same([window.from, window.head, window.size], [10, 10, 0], 'empty, at the position it starts from')
+  t.same([window.from, window.tail, window.size], [10, 10, 0], 'empty, at the position it starts from')
   t.ok(window.covers(10) && window.covers(99) && !window.covers(9), 'covers its start and anything after it')
   window.append(event(11, 'a'))
   window.append(event(13, 'b', 'x'))
   window.advance(15) // 12, 14 and 15 never commit
-  t.same([window.from, window.head, window.size], [10, 15, 2])
+  t.same([window.from, window.tail, window.size], [10, 15, 2])
   t.same(ids(window.after(10, {}, 10)), [11, 13])
   t.same(ids(window.after(11, {}, 10)), [13])
-  t.same(ids(window.after(15, {}, 10)), [], 'nothing after the head')
+  t.same(ids(window.after(15, {}, 10)), [], 'nothing after the tail')
   t.same(ids(window.after(10, { runId: 'b' }, 10)), [13], 'by run')
   t.same(ids(window.after(10, { threadId: 'x' }, 10)), [13], 'by thread')
   t.same(ids(window.after(10, { runId: 'a', threadId: 'x' }, 10)), [], 'both: AND')
   t.same(ids(window.after(10, {}, 1)), [11], 'at most a page')
   window.advance(12)
-  t.equal(window.head, 15, 'the head never moves back')
+  t.equal(window.tail, 15, 'the tail never moves back')
 
   window.append(event(16))
   window.append(event(17))
@@ -45,14 +45,14 @@ t.test('the window covers (from, head]: appended events, filtered pages, bounded
   window.raiseFloor(5)
   t.equal(window.from, 16, 'a lower floor changes nothing')
   window.raiseFloor(100)
-  t.same([window.from, window.size], [17, 0], 'a floor past the head: nothing below the head is served')
+  t.same([window.from, window.size], [17, 0], 'a floor past the tail: nothing below the tail is served')
 })
 
-t.test('without bytes the window holds nothing, yet covers from its head on; it compacts as it turns over', async (t) => {
+t.test('without bytes the window holds nothing, yet covers from its tail on; it compacts as it turns over', async (t) => {
   const none = new EventWindow(0, 0)
   none.append(event(1))
   none.append(event(2))
-  t.same([none.from, none.head, none.size, none.bytes], [2, 2, 0, 0])
+  t.same([none.from, none.tail, none.size, none.bytes], [2, 2, 0, 0])
   t.same(ids(none.after(2, {}, 10)), [])
 
   const small = new EventWindow(0, 100 * SIZE)
@@ -74,7 +74,7 @@ t.test('a reconnect storm inside the window is served from memory, each stream e
   const start = (await app.events.ready())
   const written = await insertEvents(
     ...Array.from({ length: 30 }, (_, i) => ({ event_type: `storm-${i}`, run_id: i % 2 === 0 ? 'run-w1' : 'run-w2', thread_id: i % 3 === 0 ? 'thread-w' : '' })))
-  await waitUntil(() => (app.events.hub.head ?? 0) >= written.at(-1)!, 'the hub polled them')
+  await waitUntil(() => (app.events.hub.tail ?? 0) >= written.at(-1)!, 'the hub polled them')
   const before = { ...app.events.reader.catchUps }
 
   const cursors = [start, written[9]!, written[19]!, written[28]!]
@@ -103,7 +103,7 @@ t.test('a cursor older than the window reads the table, with the same answer', a
   const { app, url } = await serve(t, { EVENTS_WINDOW_BYTES: 5 * 1024 })
   await app.events.ready()
   const written = await insertEvents(...Array.from({ length: 40 }, (_, i) => ({ event_type: `old-${i}`, run_id: 'run-w1', summary: 'x'.repeat(100) })))
-  await waitUntil(() => (app.events.hub.head ?? 0) >= written.at(-1)!, 'the hub polled them')
+  await waitUntil(() => (app.events.hub.tail ?? 0) >= written.at(-1)!, 'the hub polled them')
   t.ok(app.events.hub.window!.from > written[0]!, 'the window no longer holds the first of them')
   const before = { ...app.events.reader.catchUps }
   const stream = await openStream(url, '/api/events/stream?run_id=run-w1', { 'last-event-id': String(written[0]! - 1) })

@@ -20,7 +20,11 @@ t.before(() => insertGraph({ runs: [makeRun({ run_id: 'run-s' })] }))
 t.test('wire format: headers, retry, id and one-line data per event, every envelope field', async (t) => {
   const { url } = await serve(t)
   const [first] = await insertEvents({
-    event_type: 'task_blocked', run_id: 'run-s', task_id: 'task-1', thread_id: 'thread-1', summary: 'Blocked on a question',
+    event_type: 'task_blocked',
+    run_id: 'run-s',
+    task_id: 'task-1',
+    thread_id: 'thread-1',
+    summary: 'Blocked on a question',
     payload: json({ question: 'Which database?', nested: [1, null, 'two\nlines'] })
   })
   const stream = await openStream(url, `/api/events/stream?after_event_id=${first! - 1}`)
@@ -38,8 +42,13 @@ t.test('wire format: headers, retry, id and one-line data per event, every envel
   const [event] = stream.events()
   assertSchema(t, 'Event', event)
   t.same(event, {
-    event_id: first, event_type: 'task_blocked', run_id: 'run-s', task_id: 'task-1', thread_id: 'thread-1',
-    summary: 'Blocked on a question', payload: { question: 'Which database?', nested: [1, null, 'two\nlines'] },
+    event_id: first,
+    event_type: 'task_blocked',
+    run_id: 'run-s',
+    task_id: 'task-1',
+    thread_id: 'thread-1',
+    summary: 'Blocked on a question',
+    payload: { question: 'Which database?', nested: [1, null, 'two\nlines'] },
     created_at: event!.created_at
   })
   t.match(event!.created_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/)
@@ -52,7 +61,13 @@ t.test('an event with empty fields still carries all eight, payload at least {}'
   t.teardown(stream.close)
   await stream.waitFor((s) => s.events().length === 1)
   t.same(stream.events()[0], {
-    event_id: id, event_type: 'council_tallied', run_id: '', task_id: '', thread_id: '', summary: '', payload: {},
+    event_id: id,
+    event_type: 'council_tallied',
+    run_id: '',
+    task_id: '',
+    thread_id: '',
+    summary: '',
+    payload: {},
     created_at: stream.events()[0]!.created_at
   })
 })
@@ -158,14 +173,14 @@ t.test('the streams are looked at for keep-alives at most once a second, however
   const { app, url } = await serve(t, { SSE_KEEPALIVE_MS: 100_000 })
   const stream = await openStream(url, '/api/events/stream?run_id=nobody-writes-this')
   t.teardown(stream.close)
-  await stream.waitFor(() => app.events.streams.size === 1 && app.events.hub.head !== undefined)
+  await stream.waitFor(() => app.events.streams.size === 1 && app.events.hub.tail !== undefined)
   const keepAlives = () => stream.frames.filter((frame) => frame.comments.includes('keep-alive')).length
   // Ticks far past the stream's last write, in one turn (no real tick between them): each finds it quiet.
   const later = Date.now() + 200_000
-  const head = app.events.hub.head!
-  app.events.streams.sweep(later, head)
-  app.events.streams.sweep(later + SWEEP_MAX_INTERVAL_MS - 1, head)
-  app.events.streams.sweep(later + SWEEP_MAX_INTERVAL_MS, head)
+  const tail = app.events.hub.tail!
+  app.events.streams.sweep(later, tail)
+  app.events.streams.sweep(later + SWEEP_MAX_INTERVAL_MS - 1, tail)
+  app.events.streams.sweep(later + SWEEP_MAX_INTERVAL_MS, tail)
   await stream.waitFor(() => keepAlives() === 2)
   await sleep(100)
   t.equal(keepAlives(), 2, 'the tick within a second of the last look wrote nothing')
@@ -179,20 +194,20 @@ t.test('streams opened together get their keep-alives spread over the second hal
   t.teardown(() => { for (const stream of streams) stream.close() })
   await Promise.all(streams.map((stream) => stream.waitFor(() => stream.frames.length > 0)))
   await sleep(50) // every stream registered and its first write made
-  const head = app.events.hub.head!
+  const tail = app.events.hub.tail!
   const kept = () => streams.filter((stream) => stream.frames.some((frame) => frame.comments.includes('keep-alive'))).length
   const settle = async () => { await sleep(100) }
   // Looks (sweeps) at times past the streams' last writes, more than a second apart.
-  app.events.streams.sweep(opened + keepAliveMs / 2 - 2000, head)
+  app.events.streams.sweep(opened + keepAliveMs / 2 - 2000, tail)
   await settle()
   t.equal(kept(), 0, 'none before half of SSE_KEEPALIVE_MS')
-  app.events.streams.sweep(opened + keepAliveMs * 0.75, head)
+  app.events.streams.sweep(opened + keepAliveMs * 0.75, tail)
   await waitUntil(() => kept() > 0, 'a keep-alive at three quarters')
   await settle() // the rest of this sweep's keep-alives, if it (wrongly) wrote them all
   const halfway = kept()
   // 20 shares drawn from a half to the whole: all on one side of three quarters with a chance of 2 in a million.
   t.ok(halfway > 0 && halfway < 20, `some at three quarters (${halfway} of 20), not all`)
-  app.events.streams.sweep(Date.now() + keepAliveMs + 2000, head)
+  app.events.streams.sweep(Date.now() + keepAliveMs + 2000, tail)
   await waitUntil(() => kept() === 20, 'a keep-alive on every stream by SSE_KEEPALIVE_MS')
   t.equal(kept(), 20, 'every one by SSE_KEEPALIVE_MS')
 })

@@ -17,7 +17,7 @@ import { waitUntil } from './helpers/wait.js'
 
 async function serve (t: Test, url: string, readUrl?: string) {
   const config = loadConfig({ DATABASE_URL: url, ...(readUrl !== undefined && { DATABASE_READ_URL: readUrl }), LOG_LEVEL: 'silent', MAX_EVENT_LOOP_DELAY_MS: '0' })
-  const app = await buildApp({ ...config, EVENTS_POLL_INTERVAL_MS: 50, EVENTS_CLOCK_INTERVAL_MS: 100 })
+  const app = await buildApp({ ...config, EVENTS_POLL_INTERVAL_MS: 50, EVENTS_KEEPER_INTERVAL_MS: 100 })
   t.teardown(() => app.close())
   await app.listen({ port: 0, host: '127.0.0.1' })
   return { app, url: `http://127.0.0.1:${(app.server.address() as { port: number }).port}` }
@@ -27,7 +27,7 @@ async function insert (url: string, count: number, type: string): Promise<number
   const client = new pg.Client({ connectionString: url })
   await client.connect()
   try {
-    const { rows } = await client.query(`insert into events (event_type, run_id) select $1, 'run-f' from generate_series(1, $2::int) returning event_id`, [type, count])
+    const { rows } = await client.query("insert into events (event_type, run_id) select $1, 'run-f' from generate_series(1, $2::int) returning event_id", [type, count])
     return rows.map((row) => Number(row.event_id))
   } finally {
     await client.end()
@@ -37,8 +37,8 @@ async function insert (url: string, count: number, type: string): Promise<number
 /**
  * A primary and its streaming standby with a migrated database `name` (and
  * the run the tests write to), and a replica that lives through the
- * failover: its reads and its upkeep each go to an address that a failover
- * moves (moveReads, moveUpkeep: to the standby).
+ * failover: its reads and its keeper each go to an address that a failover
+ * moves (moveReads, moveKeeper: to the standby).
  */
 async function beforeFailover (t: Test, name: string) {
   const pg15 = await startReplicatedPostgres(t)
@@ -47,16 +47,16 @@ async function beforeFailover (t: Test, name: string) {
   const primary = withDatabase(pg15.primaryUrl, name)
   const standby = withDatabase(pg15.standbyUrl, name)
   await migrateToLatest(primary)
-  await queryOn(primary, `insert into runs (run_id, goal, summary, status) values ('run-f', 'g', 's', 'running')`)
+  await queryOn(primary, "insert into runs (run_id, goal, summary, status) values ('run-f', 'g', 's', 'running')")
   const readAddress = await movableAddress(t, primaryPort!)
-  const upkeepAddress = await movableAddress(t, primaryPort!)
+  const keeperAddress = await movableAddress(t, primaryPort!)
   const at = (address: { port: number }) => primary.replace(`:${primaryPort}/`, `:${address.port}/`)
-  const replica = await serve(t, at(upkeepAddress), at(readAddress))
-  return { pg15, primary, standby, replica, moveReads: () => readAddress.moveTo(standbyPort!), moveUpkeep: () => upkeepAddress.moveTo(standbyPort!) }
+  const replica = await serve(t, at(keeperAddress), at(readAddress))
+  return { pg15, primary, standby, replica, moveReads: () => readAddress.moveTo(standbyPort!), moveKeeper: () => keeperAddress.moveTo(standbyPort!) }
 }
 
 t.test('after a failover that lost commits, a cursor the new primary never saw answers 410, and nothing is skipped', { skip: standbySkipReason() }, async (t) => {
-  const { pg15, primary, standby, replica, moveReads, moveUpkeep } = await beforeFailover(t, 'ocp_failover')
+  const { pg15, primary, standby, replica, moveReads, moveKeeper } = await beforeFailover(t, 'ocp_failover')
 
   const kept = await insert(primary, 3, 'replicated')
   const keptCursor = kept.at(-1)!
@@ -69,7 +69,7 @@ t.test('after a failover that lost commits, a cursor the new primary never saw a
   const watcher = await openStream(replica.url, `/api/events/stream?after_event_id=${keptCursor}`)
   t.teardown(watcher.close)
   const lost = await insert(primary, 3, 'lost')
-  await watcher.waitFor((s) => s.events().length >= 3, 15_000)
+  await watcher.waitFor((s) => s.events().length >= 3)
   t.same(watcher.events().map((event) => event.event_id), lost, 'a client saw the events the standby never got')
   const lostCursor = lost.at(-1)!
   const lostOffset = (await fetch(`${replica.url}/api/streams/runs/run-f?offset=-1`)).headers.get('stream-next-offset')
@@ -77,21 +77,21 @@ t.test('after a failover that lost commits, a cursor the new primary never saw a
 
   pg15.crashPrimary()
   await pg15.promoteStandby()
-  // The reads move to the new primary first; the upkeep's address still names the old one, so no keeper runs yet.
+  // The reads move to the new primary first; the keeper's address still names the old one, so no keeper runs yet.
   moveReads()
   await waitUntil(async () => (await fetch(`${replica.url}/api/events?after_event_id=${lostCursor}`)).status === 503, 'the lost cursor to be refused as transient')
   const pending = await fetch(`${replica.url}/api/events?after_event_id=${lostCursor}`)
   t.match(await pending.json(), { error: { code: 'unavailable', message: /just promoted/ } }, 'until the keeper records the new timeline, a cursor past what is settled: retry')
   t.same(watcher.events().map((event) => event.event_id), lost, 'and the replica that read the old primary delivers nothing meanwhile')
 
-  moveUpkeep()
+  moveKeeper()
   await watcher.ended
   t.pass('once the keeper records the new timeline, the stream past the epoch\'s base ends (its client reconnects)')
 
   await waitUntil(async () => (await fetch(`${replica.url}/api/events?after_event_id=${lostCursor}`)).status === 410, 'the lost cursor to answer 410')
   const page = await fetch(`${replica.url}/api/events?after_event_id=${lostCursor}`)
   t.match(await page.json(), { error: { code: 'cursor_expired', message: /lost in a failover/ } }, 'GET /api/events: 410 cursor_expired, saying why')
-  const resumed = await openStream(replica.url, `/api/events/stream?run_id=run-f`, { 'last-event-id': String(lostCursor) })
+  const resumed = await openStream(replica.url, '/api/events/stream?run_id=run-f', { 'last-event-id': String(lostCursor) })
   t.equal(resumed.status, 410, 'the stream resumed from it: 410 before any byte')
   const durable = await fetch(`${replica.url}/api/streams/runs/run-f?offset=${lostOffset}`)
   t.match({ status: durable.status, body: await durable.json() }, { status: 410, body: { error: { code: 'cursor_expired' } } },
@@ -112,7 +112,7 @@ t.test('after a failover that lost commits, a cursor the new primary never saw a
   const after = await insert(standby, 3, 'after_failover')
   t.ok(after[0]! > lostCursor, `the new primary's ids (${after[0]}...) are past every id the old one may have handed out`)
   for (const [name, stream] of [['from a cursor the new primary had settled', survivor], ['from the refetched read\'s cursor', refetched], ['on a replica started after the failover', elsewhere]] as const) {
-    await stream.waitFor((s) => s.events().length >= 3, 15_000)
+    await stream.waitFor((s) => s.events().length >= 3)
     await new Promise((resolve) => setTimeout(resolve, 200))
     t.same(stream.events().map((event) => event.event_id), after, `${name}: the new primary's events, once each, in order`)
   }
@@ -135,22 +135,22 @@ async function readDurable (base: string, path: string): Promise<{ ids: number[]
 }
 
 t.test('a promotion that lost nothing ends no stream and refuses no cursor', { skip: standbySkipReason() }, async (t) => {
-  const { pg15, primary, standby, replica, moveReads, moveUpkeep } = await beforeFailover(t, 'ocp_lossless')
+  const { pg15, primary, standby, replica, moveReads, moveKeeper } = await beforeFailover(t, 'ocp_lossless')
 
   const before = await insert(primary, 5, 'before')
   const stream = await openStream(replica.url, '/api/events/stream?run_id=run-f&after_event_id=0')
   t.teardown(stream.close)
-  await stream.waitFor((s) => s.events().length >= 5, 15_000)
+  await stream.waitFor((s) => s.events().length >= 5)
   // Everything the primary wrote reaches the standby before it goes.
   await pg15.waitForReplay()
   pg15.crashPrimary()
   await pg15.promoteStandby()
   moveReads()
-  moveUpkeep()
+  moveKeeper()
 
   const after = await insert(standby, 3, 'after')
   t.ok(after[0]! > before.at(-1)!, 'the new primary\'s ids are above every one the old primary handed out')
-  await stream.waitFor((s) => s.events().length >= 8, 15_000)
+  await stream.waitFor((s) => s.events().length >= 8)
   await new Promise((resolve) => setTimeout(resolve, 200))
   let ended = false
   void stream.ended.then(() => { ended = true })
@@ -159,7 +159,7 @@ t.test('a promotion that lost nothing ends no stream and refuses no cursor', { s
   const resumed = await openStream(replica.url, '/api/events/stream?run_id=run-f', { 'last-event-id': String(before.at(-1)) })
   t.teardown(resumed.close)
   t.equal(resumed.status, 200, 'a cursor of the old primary is served')
-  await resumed.waitFor((s) => s.events().length >= 3, 15_000)
+  await resumed.waitFor((s) => s.events().length >= 3)
   t.same(resumed.events().map((event) => event.event_id), after)
   const durable = await readDurable(replica.url, '/api/streams/runs/run-f')
   t.same(durable.ids, [...before, ...after], 'a Durable Streams reader from -1 reads everything')
@@ -167,7 +167,7 @@ t.test('a promotion that lost nothing ends no stream and refuses no cursor', { s
 })
 
 t.test('after a failover, every event the new primary holds is delivered once: the survivors above the position it had published, and what was written on it before the service reached it', { skip: standbySkipReason() }, async (t) => {
-  const { pg15, primary, standby, replica, moveReads, moveUpkeep } = await beforeFailover(t, 'ocp_survivors')
+  const { pg15, primary, standby, replica, moveReads, moveKeeper } = await beforeFailover(t, 'ocp_survivors')
 
   const settledFirst = await insert(primary, 3, 'settled')
   await waitUntil(async () => Number((await fetch(`${replica.url}/api/runs`)).headers.get('x-event-cursor')) >= settledFirst.at(-1)!, 'the primary to settle them')
@@ -184,7 +184,7 @@ t.test('after a failover, every event the new primary holds is delivered once: t
   const watcher = await openStream(replica.url, `/api/events/stream?run_id=run-f&after_event_id=${settledFirst.at(-1)}`)
   t.teardown(watcher.close)
   const lost = await insert(primary, 3, 'lost')
-  await watcher.waitFor((s) => s.events().length >= 6, 15_000)
+  await watcher.waitFor((s) => s.events().length >= 6)
   const lostOffset = (await fetch(`${replica.url}/api/streams/runs/run-f?offset=-1`)).headers.get('stream-next-offset')!
 
   pg15.crashPrimary()
@@ -193,7 +193,7 @@ t.test('after a failover, every event the new primary holds is delivered once: t
   const early = await insert(standby, 1200, 'early')
   t.ok(early[0]! > lost.at(-1)!, `ids written before the service reached the new primary (${early[0]}...) are above every id the old one handed out (${lost.at(-1)})`)
   moveReads()
-  moveUpkeep()
+  moveKeeper()
   await watcher.ended
   t.pass('the stream that delivered lost events ends')
   const late = await insert(standby, 3, 'late')
@@ -207,7 +207,7 @@ t.test('after a failover, every event the new primary holds is delivered once: t
     const stream = await openStream(replica.url, path, headers)
     t.teardown(stream.close)
     t.equal(stream.status, 200, `${name}: served`)
-    await stream.waitFor((s) => s.events().length >= expected.length, 15_000)
+    await stream.waitFor((s) => s.events().length >= expected.length)
     await new Promise((resolve) => setTimeout(resolve, 200))
     t.same(stream.events().map((event) => event.event_id), expected, `${name}: every event, once each, in order`)
   }

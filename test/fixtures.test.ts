@@ -110,16 +110,19 @@ t.test('a column with a default may be left out, as in an insert', async (t) => 
 t.test('npm run seed: the command line reports, and refuses bad fixtures with exit 1', async (t) => {
   const runSeed = (args: string[], env: Record<string, string>) => runScript(['db/seed.ts', ...args], env)
   const url = await testDatabaseUrl()
-  const good = await runSeed([file('good.json', { runs: [{ ...run, run_id: 'fx-cli' }] })], { DATABASE_URL: url })
+  // Four processes, each starting TypeScript: side by side, none depending on another's outcome.
+  const [good, bad, usage, misconfigured] = await Promise.all([
+    runSeed([file('good.json', { runs: [{ ...run, run_id: 'fx-cli' }] })], { DATABASE_URL: url }),
+    runSeed([file('bad.json', { runs: [{ ...run, status: 1 }] })], { DATABASE_URL: url }),
+    runSeed([], { DATABASE_URL: url }),
+    runSeed([file('empty.json', { runs: [] })], { DATABASE_URL: 'not-a-url' })
+  ])
   t.equal(good.code, 0)
   t.match(good.stdout, /seed: loaded .*good\.json: 1 runs/)
-  const bad = await runSeed([file('bad.json', { runs: [{ ...run, status: 1 }] })], { DATABASE_URL: url })
   t.equal(bad.code, 1)
   t.match(bad.stderr, /seed: refused, nothing written: runs\[0\]\.status must be string/)
-  const usage = await runSeed([], { DATABASE_URL: url })
   t.equal(usage.code, 2)
   t.match(usage.stderr, /usage: /)
-  const misconfigured = await runSeed([file('good.json', { runs: [] })], { DATABASE_URL: 'not-a-url' })
   t.equal(misconfigured.code, 1)
   t.equal(misconfigured.stderr.trim(), 'seed: invalid configuration: env/DATABASE_URL must match pattern "^postgres(ql)?://"', 'a bad setting is one line, no stack')
 })

@@ -39,9 +39,10 @@ const thing = (id: string, note: string | null, count: number | null, raw: strin
 t.test('a row as a JSON object: every field of the schema, escaped, optional ones left out when NULL', async (t) => {
   const object = rowJson(Thing, 'h', { parts: sql`'["a"]'` })
   const id = 'quote " backslash \\ newline \n tab \t é 😀 \u0001'
-  const full = await evaluate(object, thing(id, 'a note', 7, '{"big": 12345678901234567890, "inner": null, "list": [1, null]}'))
+  const raw = '{"big": 12345678901234567890, "inner": null, "list": [1, null]}'
+  const full = await evaluate(object, thing(id, 'a note', 7, raw))
   t.same(JSON.parse(full), {
-    id, note: 'a note', count: 7, raw: { big: 12345678901234567890, inner: null, list: [1, null] }, at: '2026-11-21T09:28:40.123400Z', parts: ['a']
+    id, note: 'a note', count: 7, raw: JSON.parse(raw), at: '2026-11-21T09:28:40.123400Z', parts: ['a']
   })
   t.match(full, /"big": 12345678901234567890[,}]/, 'raw JSON as jsonb prints it: no rounding')
   const sparse = await evaluate(object, thing('x', null, null, 'null'))

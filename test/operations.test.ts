@@ -217,7 +217,7 @@ t.test('load shedding: a saturated event loop answers 503 at once; liveness stil
   // block raises the mean of the sample that records it well past 20 ms.
   // That is the first sample after the block, or, when the sampler's timer
   // runs before the delay histogram's, the one after: wait for it.
-  const app = await build(t, { MAX_EVENT_LOOP_DELAY_MS: 20, STREAMS_LONG_POLL_MS: 100 })
+  const app = await build(t, { MAX_EVENT_LOOP_DELAY_MS: 20, DURABLE_STREAMS_LONG_POLL_MS: 100 })
   await insertGraph({ runs: [makeRun({ run_id: 'shed-long-poll' })] })
   const until = Date.now() + 1000
   while (Date.now() < until) { /* block the event loop, as a stuck request would */ }

@@ -148,8 +148,14 @@ const expectations: Record<string, Expectation> = {
         task: { task_id: 'task-1', status: 'blocked', latest_attempt_no: 1 },
         attempt: { attempt_no: 1, assigned_to: 'worker-ada', thread_id: 'thread-1', status: 'running', base_ref: 'main', branch_name: 'task/task-1-1' },
         question: {
-          message_id: 'msg-1', thread_id: 'thread-1', kind: 'question', from_agent: 'worker-ada', to_agent: 'orchestrator',
-          summary: 'Which time zone should reports use?', payload_json: { options: ['read time', 'write time'] }, artifacts: []
+          message_id: 'msg-1',
+          thread_id: 'thread-1',
+          kind: 'question',
+          from_agent: 'worker-ada',
+          to_agent: 'orchestrator',
+          summary: 'Which time zone should reports use?',
+          payload_json: { options: ['read time', 'write time'] },
+          artifacts: []
         }
       })
       t.match(blocked[0]!.question.body, /^The legacy jobs use server-local time/)

@@ -7,12 +7,12 @@ import { migrations } from '../db/migrations/index.js'
 import { CONVERSION_MARGIN, DEFAULT_PARTITION, FIRST_PARTITION, partitionName, prepareConversion } from '../db/migrations/0004_events_partitioned_by_id.js'
 import {
   closeRange, HOLD_SEQUENCE, listPartitions, MIN_RANGE_IDS, NEXTVAL_CLOSE_LIMIT, PartitionKeeper, RANGES_AHEAD, sequencePosition, type KeeperLog, type KeeperOptions
-} from '../events/upkeep/partitions.js'
+} from '../events/keeper/partitions.js'
 import { extraDatabaseUrl, needsServer, testPool } from './helpers/database.js'
 import { sleep } from './helpers/wait.js'
 
 // Migration 0004 (the events table partitioned by id, converted without a
-// rewrite) and the keeper of its partitions (events/upkeep/partitions.ts),
+// rewrite) and the keeper of its partitions (events/keeper/partitions.ts),
 // driven pass by pass on databases of their own.
 
 async function connect (t: Test, url: string): Promise<pg.Client> {
@@ -77,9 +77,9 @@ t.test('the conversion keeps the table, its rows and its indexes: no rewrite', a
   const rowsBefore = await one(client, fingerprint)
   const drawn = await drawnOf(client)
 
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege'] })
-  t.equal((await one<{ kind: string }>(client, `select relkind::text as kind from pg_class where oid = 'events'::regclass`)).kind, 'p', 'events is partitioned')
-  const after = await client.query<{ oid: number, relfilenode: number, relname: string }>(`select c.oid::int, c.relfilenode::int, c.relname from pg_class c where c.oid = any($1)`, [before.map((row) => row.oid)])
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege', '0018_events_settle_mark_at_settled'] })
+  t.equal((await one<{ kind: string }>(client, 'select relkind::text as kind from pg_class where oid = \'events\'::regclass')).kind, 'p', 'events is partitioned')
+  const after = await client.query<{ oid: number, relfilenode: number, relname: string }>('select c.oid::int, c.relfilenode::int, c.relname from pg_class c where c.oid = any($1)', [before.map((row) => row.oid)])
   t.same(after.rows.map((row) => [row.oid, row.relfilenode]).sort(), before.map((row) => [row.oid, row.relfilenode]).sort(),
     'the table and its three indexes are the same files: nothing was rewritten or rebuilt')
   t.same(after.rows.map((row) => row.relname).sort(), [FIRST_PARTITION, `${FIRST_PARTITION}_pkey`, `${FIRST_PARTITION}_run_id_event_id_idx`, `${FIRST_PARTITION}_thread_id_event_id_idx`])
@@ -119,38 +119,38 @@ t.test('the conversion keeps the table, its rows and its indexes: no rewrite', a
   const migrator = new Migrator({ db: kysely(t, url), provider: { getMigrations: async () => migrations } })
   const { error } = await migrator.migrateTo('0003_event_order_without_lock')
   t.equal(error, undefined, 'down')
-  const table = await one<{ kind: string, oid: number, relfilenode: number }>(client, `select relkind::text as kind, oid::int, relfilenode::int from pg_class where oid = 'events'::regclass`)
+  const table = await one<{ kind: string, oid: number, relfilenode: number }>(client, 'select relkind::text as kind, oid::int, relfilenode::int from pg_class where oid = \'events\'::regclass')
   t.same(table, { kind: 'r', oid: before[0]!.oid, relfilenode: before[0]!.relfilenode }, 'down: the first partition is the table again')
   t.equal((await one<{ n: number }>(client, 'select count(*)::int as n from events')).n, 1004, 'with the rows of the other partitions')
-  t.same((await client.query(`select indexrelid::regclass::text as name from pg_index where indrelid = 'events'::regclass order by 1`)).rows.map((row) => row.name),
+  t.same((await client.query('select indexrelid::regclass::text as name from pg_index where indrelid = \'events\'::regclass order by 1')).rows.map((row) => row.name),
     ['events_pkey', 'events_run_id_event_id_idx', 'events_thread_id_event_id_idx'])
   t.same(await one(client, 'select has_table_privilege(\'public\', \'events\', \'select\') as public'), { public: true })
   t.same(await placed(), { id: String(bound + 1_000_002), partition: 'events' }, 'the ordering default and trigger work again')
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege'] }, 'and up again')
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege', '0018_events_settle_mark_at_settled'] }, 'and up again')
   t.equal((await one<{ n: number }>(client, 'select count(*)::int as n from events')).n, 1005)
 })
 
 t.test('the CHECK is added and validated before the migrations\' transaction, and taken away if the migration fails', async (t) => {
   const { url, client } = await database(t, 'prepare', '0003_event_order_without_lock')
-  await client.query(`insert into events (event_type) select 't' from generate_series(1, 10)`)
+  await client.query('insert into events (event_type) select \'t\' from generate_series(1, 10)')
   const db = kysely(t, url)
   t.equal(await prepareConversion(db), true, 'added')
-  t.match((await client.query(`select pg_get_constraintdef(oid) as def, convalidated as valid from pg_constraint where conrelid = 'events'::regclass and contype = 'c'`)).rows,
+  t.match((await client.query('select pg_get_constraintdef(oid) as def, convalidated as valid from pg_constraint where conrelid = \'events\'::regclass and contype = \'c\'')).rows,
     [{ def: new RegExp(`^CHECK \\(\\(event_id < '?${10 + CONVERSION_MARGIN}`), valid: true }], 'the sequence plus the margin; validated: the scan is done')
   t.equal(await prepareConversion(db), false, 'already there: nothing added')
 
   await client.query(`create table ${FIRST_PARTITION} (x int)`) // in the way of the rename
   await t.rejects(migrateToLatest(url), /^migration 0004_events_partitioned_by_id failed: relation "events_initial" already exists/)
-  t.equal((await client.query(`select 1 from pg_constraint where conrelid = 'events'::regclass and contype = 'c'`)).rowCount, 1, 'the CHECK stays when it was there before')
+  t.equal((await client.query('select 1 from pg_constraint where conrelid = \'events\'::regclass and contype = \'c\'')).rowCount, 1, 'the CHECK stays when it was there before')
   await client.query('alter table events drop constraint events_ids_below_first_partition_end')
   await t.rejects(migrateToLatest(url), /already exists/)
-  t.equal((await client.query(`select 1 from pg_constraint where conrelid = 'events'::regclass and contype = 'c'`)).rowCount, 0, 'a CHECK added for a failed migration is taken away: it would refuse ids from its bound on')
+  t.equal((await client.query('select 1 from pg_constraint where conrelid = \'events\'::regclass and contype = \'c\'')).rowCount, 0, 'a CHECK added for a failed migration is taken away: it would refuse ids from its bound on')
   await client.query(`drop table ${FIRST_PARTITION}`)
 
   // Ids drawn past the bound since it was chosen: the migration chooses again.
   await prepareConversion(db)
   await client.query(`select setval('events_event_id_seq', ${10 + CONVERSION_MARGIN + 5})`)
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege'] })
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege', '0018_events_settle_mark_at_settled'] })
   t.equal((await ranges(client))[0]!.end, 15 + 2 * CONVERSION_MARGIN)
   t.equal(await prepareConversion(db), false, 'nothing to prepare on a partitioned table')
 })
@@ -162,8 +162,8 @@ t.test('preparing gives up, leaving the work to the migration, when the table is
   await holder.query('lock table events in access share mode')
   t.equal(await prepareConversion(kysely(t, url)), false, 'the lock timeout ends the attempt')
   await holder.query('commit')
-  t.equal((await client.query(`select 1 from pg_constraint where conrelid = 'events'::regclass and contype = 'c'`)).rowCount, 0)
-  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege'] })
+  t.equal((await client.query('select 1 from pg_constraint where conrelid = \'events\'::regclass and contype = \'c\'')).rowCount, 0)
+  t.same(await migrateToLatest(url), { applied: ['0004_events_partitioned_by_id', '0005_event_writers_inlined', '0006_events_settled_by_index', '0007_runs_status_index', '0008_events_census_by_sequence_lock', '0009_events_settled_by_the_keeper', '0010_events_settled_exactly', '0011_events_drawn_for_readers', '0012_stream_token_key', '0013_events_settled_without_partition_locks', '0014_events_settled_inlined', '0015_events_forks_and_lease', '0016_summaries_default_empty', '0017_least_privilege', '0018_events_settle_mark_at_settled'] })
 })
 
 t.test('ranges are made ahead of the sequence, above what the default partition holds', async (t) => {
@@ -301,7 +301,7 @@ t.test('setval never moves the sequence past a writer in flight', { skip: needsS
   await other.query('rollback')
   t.equal(await drawnOf(client), drawn + 3)
 
-  // The jump needs the sequence's owner, as the rest of the upkeep needs the table's.
+  // The jump needs the sequence's owner, as the rest of the keeper needs the table's.
   const role = `ocp_test_not_owner_${process.pid}`
   await client.query(`create role ${role}`)
   t.teardown(async () => { await client.query('reset role'); await client.query(`drop owned by ${role}`); await client.query(`drop role ${role}`) })
@@ -316,7 +316,7 @@ t.test('setval never moves the sequence past a writer in flight', { skip: needsS
 t.test('with a retention: settled, expired ranges are dropped lowest first, and the floor raised in the same transaction', async (t) => {
   const { client } = await database(t, 'drop')
   const { keeper: keeping, log } = keeper({ retentionMs: 4000 })
-  await client.query(`insert into events (event_type, created_at) select 'old', now() - interval '1 hour' from generate_series(1, 5)`)
+  await client.query('insert into events (event_type, created_at) select \'old\', now() - interval \'1 hour\' from generate_series(1, 5)')
   await keeping.keep(client)
   t.equal(await floorOf(client), 0, 'the range is still open')
   await sleep(1100)
@@ -349,7 +349,7 @@ t.test('with a retention: settled, expired ranges are dropped lowest first, and 
 t.test('without a retention nothing is ever dropped or deleted', async (t) => {
   const { client } = await database(t, 'keep_all')
   const { keeper: keeping } = keeper()
-  await client.query(`insert into events (event_type, created_at) select 'ancient', now() - interval '10 years' from generate_series(1, 5)`)
+  await client.query('insert into events (event_type, created_at) select \'ancient\', now() - interval \'10 years\' from generate_series(1, 5)')
   const [first] = await ranges(client)
   await client.query('insert into events (event_id, event_type, created_at) values ($1, \'ancient, in the default\', now() - interval \'10 years\')', [first!.end + 50_000_000])
   for (let pass = 0; pass < 3; pass++) await keeping.keep(client)
@@ -378,7 +378,7 @@ t.test('expired rows of the default partition are deleted once below every range
 t.test('a busy events table: the keeper waits at most its lock timeout, says so, and tries again on the next pass', { skip: needsServer('a second session holding a lock') }, async (t) => {
   const { url, client } = await database(t, 'busy')
   const { keeper: keeping, log } = keeper({ retentionMs: 4000 })
-  await client.query(`insert into events (event_type, created_at) values ('old', now() - interval '1 hour')`)
+  await client.query('insert into events (event_type, created_at) values (\'old\', now() - interval \'1 hour\')')
   const holder = await connect(t, url)
   await holder.query('begin')
   await holder.query(`lock table ${DEFAULT_PARTITION} in access share mode`)
@@ -396,7 +396,7 @@ t.test('a busy events table: the keeper waits at most its lock timeout, says so,
   t.equal((await ranges(client))[0]!.start, top + 11 + NEXTVAL_CLOSE_LIMIT, 'and makes the ranges ahead, past the sequence and the ids in flight')
 })
 
-t.test('a pass that fails for another reason than a busy table fails (the upkeep logs it and tries again)', async (t) => {
+t.test('a pass that fails for another reason than a busy table fails (the keeper logs it and tries again)', async (t) => {
   const { client } = await database(t, 'conflict')
   const top = (await ranges(client))[1]!.end
   await client.query(`create table ${partitionName(top)} (x int)`)
@@ -408,7 +408,7 @@ t.test('without a default partition (an operator removed it) ranges are still ma
   const { client } = await database(t, 'no_default')
   await client.query(`drop table ${DEFAULT_PARTITION}`)
   const { keeper: keeping } = keeper({ retentionMs: 4000 })
-  await client.query(`insert into events (event_type, created_at) values ('old', now() - interval '1 hour')`)
+  await client.query('insert into events (event_type, created_at) values (\'old\', now() - interval \'1 hour\')')
   await keeping.keep(client)
   await sleep(1100)
   await keeping.keep(client)

@@ -182,7 +182,7 @@ t.test('ending answers what is in flight, then refuses reads as unavailable', as
   t.match(await inFlight, { tag: 'last' }, 'the read in flight is answered')
   // Ended in the turn its connection began to open: the read is sent once it is open, then the connection closes.
   const opening = createReadPool({ connectionString: await testDatabaseUrl(), max: 1, statementTimeoutMs: 5000, connectTimeoutMs: 2000, pipelined: 1 })
-  const waiting = opening.pipeline!.run((client) => client.query(`select 'opening' as tag`), () => {}).then((result) => result.rows[0], (err: unknown) => err)
+  const waiting = opening.pipeline!.run((client) => client.query("select 'opening' as tag"), () => {}).then((result) => result.rows[0], (err: unknown) => err)
   await opening.end()
   t.same(await waiting, { tag: 'opening' }, 'a read waiting for its connection to open is answered too')
   const err = await queryRow(pool, quotient, 1, 1).then(() => undefined, (err: unknown) => err)

@@ -1,4 +1,5 @@
 import t from 'tap'
+import { PLUGIN_TIMEOUT_MS } from '../app.js'
 import { build } from './helpers/app.js'
 
 // Liveness and readiness probes, polled every few seconds, are logged at debug (plugins/app/request-log.ts).
@@ -16,4 +17,10 @@ t.test('at info, probes write no line; an unknown route is logged as unmatched',
   const app = await build(t, {}, { logger: { level: 'info', stream: { write: (line: string) => { lines.push(JSON.parse(line)) } } } })
   for (const url of ['/health', '/no/such/route']) await app.inject(url)
   t.same(lines.filter((line) => line.msg === 'request').map((line) => [line.url, line.route]), [['/no/such/route', 'unmatched']])
+})
+
+t.test('a plugin may take PLUGIN_TIMEOUT_MS to start, not Fastify\'s 10 s, which the embedded database can pass on a busy host', async (t) => {
+  const app = await build(t)
+  t.equal(app.initialConfig.pluginTimeout, PLUGIN_TIMEOUT_MS)
+  t.ok(PLUGIN_TIMEOUT_MS >= 60_000)
 })

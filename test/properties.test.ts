@@ -18,7 +18,7 @@ const encode = (text: string) => [...Buffer.from(text, 'utf8')].map((byte) => `%
 
 const hostileText = [
   '', ' ', '\u0000', 'a\u0000b', '\u0001\u001f\u007f', '\r\n', '\t', "' OR '1'='1", '"; drop table runs; --', '1; select pg_sleep(10)',
-  '{"a":', '[1,2', 'null', 'true', '${jndi:ldap://x}', '<script>alert(1)</script>', '../../etc/passwd', '\\', '%', '💥', '\uFEFF',
+  '{"a":', '[1,2', 'null', 'true', '${jndi:ldap://x}', '<script>alert(1)</script>', '../../etc/passwd', '\\', '%', '💥', '\uFEFF', // eslint-disable-line no-template-curly-in-string -- a hostile text, not a template
   '\uD800', '\uDFFF', '\u202E', 'Ω'.repeat(2000), 'x'.repeat(65_536), '9'.repeat(400), '-1', '0', '1e309', 'NaN', 'Infinity',
   '18446744073709551616', '9007199254740993', '0x1F', '1.5', ' 7', '7 '
 ]

@@ -113,8 +113,8 @@ t.test('an audit trail: each line names its principal; a stream\'s line comes wh
     API_TOKENS: 'ci:ci-secret,bare-secret',
     AUTH_ISSUERS: JSON.stringify([{ issuer: issuer.url, audience: TEST_AUDIENCE }]),
     EVENTS_POLL_INTERVAL_MS: 20,
-    STREAMS_LONG_POLL_MS: 100,
-    STREAMS_SSE_MAX_MS: 300
+    DURABLE_STREAMS_LONG_POLL_MS: 100,
+    DURABLE_STREAMS_SSE_MAX_MS: 300
   }, { logger: { level: 'info', stream } })
   await app.listen({ port: 0, host: '127.0.0.1' })
   const base = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
@@ -144,7 +144,7 @@ t.test('an audit trail: each line names its principal; a stream\'s line comes wh
 
   await (await get('/api/streams/events?offset=now&live=sse', 'ended', 'ci-secret')).text()
   await waitUntil(() => lineOf('ended') !== undefined, 'the ended stream\'s line')
-  t.match(lineOf('ended'), { principal: 'token ci', eventsSent: 0, hungUp: false }, 'a Durable Streams SSE stream the service ended (STREAMS_SSE_MAX_MS)')
+  t.match(lineOf('ended'), { principal: 'token ci', eventsSent: 0, hungUp: false }, 'a Durable Streams SSE stream the service ended (DURABLE_STREAMS_SSE_MAX_MS)')
 
   await (await get('/api/streams/events?offset=now&live=long-poll', 'long-poll', 'ci-secret')).text()
   await waitUntil(() => lineOf('long-poll') !== undefined, 'the long-poll\'s line')

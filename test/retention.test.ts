@@ -3,7 +3,7 @@ import { request as httpRequest } from 'node:http'
 import { sql } from 'kysely'
 import t, { type Test } from 'tap'
 import type { Config } from '../config.js'
-import { PARTITION_LOCK_TIMEOUT_MS, EventLogUpkeep } from '../events/upkeep/keeper.js'
+import { PARTITION_LOCK_TIMEOUT_MS, EventLogKeeper } from '../events/keeper/keeper.js'
 import { build } from './helpers/app.js'
 import { needsServer, testDatabaseUrl } from './helpers/database.js'
 import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
@@ -16,7 +16,7 @@ import { waitUntil } from './helpers/wait.js'
 // answered 410 cursor_expired, on the stream and on GET /api/events.
 
 async function serve (t: Test, overrides: Partial<Config> = {}): Promise<{ app: FastifyInstance, url: string }> {
-  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50, EVENTS_CLOCK_INTERVAL_MS: 200, ...overrides })
+  const app = await build(t, { EVENTS_POLL_INTERVAL_MS: 50, EVENTS_KEEPER_INTERVAL_MS: 200, ...overrides })
   await app.listen({ port: 0, host: '127.0.0.1' })
   const { port } = app.server.address() as { port: number }
   return { app, url: `http://127.0.0.1:${port}` }
@@ -116,7 +116,7 @@ t.test('EVENTS_RETENTION=10s: events go within 20 s of their created_at; cursors
   t.equal((await app.inject(`/api/events?after_event_id=${expiredFloor}`)).statusCode, 410, 'and the old floor has expired in turn')
 
   t.same(await rowCounts(), before, 'runs, tasks, attempts, threads, messages and artifacts untouched')
-  await waitUntil(() => app.events.upkeep!.historyFloor === kept, 'the keeper to read the floor on its next tick')
+  await waitUntil(() => app.events.keeper!.historyFloor === kept, 'the keeper to read the floor on its next tick')
   const metrics = (await app.inject('/metrics')).body
   t.equal(metricValue(metrics, 'event_log_keeper'), 1)
   t.equal(metricValue(metrics, 'event_history_floor'), kept)
@@ -126,7 +126,7 @@ t.test('EVENTS_RETENTION=10s: events go within 20 s of their created_at; cursors
 
   await t.test('a second replica', async (t) => {
     const other = await build(t)
-    await waitUntil(() => other.events.upkeep!.historyFloor >= 0, 'the second replica to read the floor')
+    await waitUntil(() => other.events.keeper!.historyFloor >= 0, 'the second replica to read the floor')
     const otherMetrics = (await other.inject('/metrics')).body
     t.equal(metricValue(otherMetrics, 'event_log_keeper'), 0, 'does not keep the log')
     t.equal(metricValue(otherMetrics, 'event_history_floor'), kept, 'but reports the floor')
@@ -146,7 +146,7 @@ t.test('a stream still catching up when the floor passes it ends; its reconnect 
   const ids = (await db.insertInto('events').values(Array.from({ length: 600 }, () => ({ event_type: 'big', payload: json({ big }) }))).returning('event_id').execute())
     .map((row) => Number(row.event_id))
   const cursor = Math.max(start, await floor())
-  await waitUntil(() => (app.events.hub.head ?? 0) >= ids.at(-1)!, 'the poller to have seen them all: the stream catches up from the table')
+  await waitUntil(() => (app.events.hub.tail ?? 0) >= ids.at(-1)!, 'the poller to have seen them all: the stream catches up from the table')
 
   let text = ''
   const ended = new Promise<void>((resolve, reject) => {
@@ -175,29 +175,29 @@ t.test('the keeper\'s passes: a failure is logged once, the next tick tries agai
   const lines: Array<[string, string]> = []
   const at = (level: string) => (first: unknown, second?: string) => { lines.push([level, typeof first === 'string' ? first : second!]) }
   const log = { info: at('info'), warn: at('warn'), debug: at('debug') } as unknown as FastifyBaseLogger
-  const upkeep = new EventLogUpkeep({ url: await testDatabaseUrl(), clockIntervalMs: 50, retentionMs: undefined, log })
-  const keep = upkeep.keeper.keep.bind(upkeep.keeper)
+  const keeper = new EventLogKeeper({ url: await testDatabaseUrl(), keeperIntervalMs: 50, retentionMs: undefined, log })
+  const keep = keeper.partitions.keep.bind(keeper.partitions)
   let failures = 3
-  upkeep.keeper.keep = async (client) => {
+  keeper.partitions.keep = async (client) => {
     if (failures-- > 0) throw new Error('the pass failed')
     await keep(client)
   }
-  upkeep.start()
-  await waitUntil(() => upkeep.passes > 0, 'a pass to succeed')
-  await upkeep.settled()
-  await upkeep.stop()
+  keeper.start()
+  await waitUntil(() => keeper.passes > 0, 'a pass to succeed')
+  await keeper.passEnded()
+  await keeper.stop()
   t.same(lines.filter(([, message]) => /partitions/.test(message)), [
     ['info', 'this replica keeps the event log (its settled position, partitions)'],
     ['warn', 'event log partitions: a pass failed; retrying on the next tick'],
-    ['info', 'event log partitions: upkeep recovered']
+    ['info', 'event log partitions: keeper recovered']
   ])
   t.ok(PARTITION_LOCK_TIMEOUT_MS <= 500, 'a short lock timeout')
 })
 
-t.test('retention beside the keeper at the tests\' clock: no false epoch, a floor that only rises, and streams that never end', async (t) => {
+t.test('retention beside the keeper at the tests\' interval: no false epoch, a floor that only rises, and streams that never end', async (t) => {
   // The partition pass ticked beside the keeper once: two ticks at once took each other's census for a sequence
-  // moved back, 1 to 3 times a minute at a 100 ms clock, each ending every stream and resetting the floor to 0.
-  const { app, url } = await serve(t, { EVENTS_RETENTION: '4s', EVENTS_CLOCK_INTERVAL_MS: 100 })
+  // moved back, 1 to 3 times a minute at a 100 ms keeper interval, each ending every stream and resetting the floor to 0.
+  const { app, url } = await serve(t, { EVENTS_RETENTION: '4s', EVENTS_KEEPER_INTERVAL_MS: 100 })
   const db = await writer()
   const epochAtStart = Number((await sql<{ epoch: number }>`select epoch from event_log_state`.execute(db)).rows[0]!.epoch)
   const start = Number((await db.selectFrom('events').select(sql<string>`coalesce(max(event_id), 0)`.as('id')).executeTakeFirstOrThrow()).id)
@@ -213,7 +213,7 @@ t.test('retention beside the keeper at the tests\' clock: no false epoch, a floo
     await new Promise((resolve) => setTimeout(resolve, 50))
   }
   await stream.waitFor((s) => s.events().some((event) => event.event_id === written.at(-1)))
-  t.ok(app.events.upkeep!.passes > 20, `the passes ran beside the ticks (${app.events.upkeep!.passes} passes, ${app.events.upkeep!.ticks} ticks)`)
+  t.ok(app.events.keeper!.passes > 20, `the passes ran beside the ticks (${app.events.keeper!.passes} passes, ${app.events.keeper!.ticks} ticks)`)
   t.ok(samples.at(-1)!.floor > Math.max(start, samples[0]!.floor), `retention dropped partitions meanwhile (floor ${samples[0]!.floor} to ${samples.at(-1)!.floor})`)
   t.same([...new Set(samples.map((sample) => sample.epoch))], [epochAtStart], 'no new epoch')
   t.ok(samples.every((sample, i) => i === 0 || sample.floor >= samples[i - 1]!.floor), 'the floor never went down')

@@ -42,8 +42,12 @@ t.test('listRuns: newest first, run_id desc on ties, with per-status counts', as
   t.same(a.task_counts, { done: 1, running: 2, ready: 2, blocked: 1 })
   t.equal(a.total_tasks, 6)
   t.same(a.run, {
-    run_id: 'run-a', goal: 'Alpha', summary: 'first', status: 'running',
-    created_at: a.run.created_at, updated_at: a.run.updated_at
+    run_id: 'run-a',
+    goal: 'Alpha',
+    summary: 'first',
+    status: 'running',
+    created_at: a.run.created_at,
+    updated_at: a.run.updated_at
   })
   t.equal(iso(a.run.created_at), runA.created_at)
   t.match(a.run.created_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/, 'RFC 3339, UTC, microseconds')

@@ -32,7 +32,7 @@ t.test('a replica dies under streaming clients: every event arrives once, in ord
     return client
   })
   t.teardown(() => { for (const client of clients) client.source.close() })
-  await waitUntil(() => clients.every((client) => client.opens === 1), 'the clients to connect', 30_000)
+  await waitUntil(() => clients.every((client) => client.opens === 1), 'the clients to connect', 60_000)
 
   // Writers commit events out of order (four at a time, sleeping at random
   // around the insert), some roll back, some hold their transaction open
@@ -69,7 +69,7 @@ t.test('a replica dies under streaming clients: every event arrives once, in ord
 
   const all = written.map((event) => event.id)
   const forRun = written.filter((event) => event.run === 'so-run').map((event) => event.id)
-  await waitUntil(() => clients.every((client) => client.received.length >= (client.filtered ? forRun : all).length), 'every event at every client', 30_000)
+  await waitUntil(() => clients.every((client) => client.received.length >= (client.filtered ? forRun : all).length), 'every event at every client', 60_000)
   for (const [i, client] of clients.entries()) {
     t.same(client.received, client.filtered ? forRun : all, `client ${i} (${client.filtered ? 'run filter' : 'unfiltered'}): every event once, in order`)
   }

@@ -27,7 +27,7 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
   const config = loadConfig({ DATABASE_URL: primary, DATABASE_READ_URL: reader, LOG_LEVEL: 'info', MAX_EVENT_LOOP_DELAY_MS: '0' })
   const lines: Array<{ time: number, msg: string, waitingPid?: number }> = []
   const logStream = { write: (line: string) => { lines.push(JSON.parse(line)) } }
-  const app = await buildApp({ ...config, EVENTS_POLL_INTERVAL_MS: 20, EVENTS_CLOCK_INTERVAL_MS: 50 }, { logger: { level: 'info', stream: logStream } })
+  const app = await buildApp({ ...config, EVENTS_POLL_INTERVAL_MS: 20, EVENTS_KEEPER_INTERVAL_MS: 50 }, { logger: { level: 'info', stream: logStream } })
   t.teardown(() => app.close())
   await app.listen({ port: 0, host: '127.0.0.1' })
   const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
@@ -35,7 +35,7 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
 
   const pool = testPool(primary, WRITERS)
   t.teardown(() => pool.end())
-  const base = Number((await pool.query(`insert into events (event_type) values ('base') returning event_id`)).rows[0].event_id)
+  const base = Number((await pool.query("insert into events (event_type) values ('base') returning event_id")).rows[0].event_id)
   await pg15.waitForReplay()
 
   const runs = ['st-a', 'st-b']
@@ -86,7 +86,7 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
 
   const ids = (events: typeof committed) => events.map((event) => event.id).sort((a, b) => a - b)
   const check = async (name: string, stream: Awaited<ReturnType<typeof openStream>>, want: number[]) => {
-    await stream.waitFor((s) => s.events().length >= want.length, 15_000)
+    await stream.waitFor((s) => s.events().length >= want.length)
     t.same(stream.events().map((event) => event.event_id), want, `${name}: ${want.length} events, each once, ascending`)
   }
   await check('unfiltered', streams.all, ids(committed))
@@ -107,11 +107,11 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
   // the higher event id while the newer one holds the lower id open.
   const older = await pool.connect()
   await older.query('begin')
-  await older.query(`insert into runs (run_id, goal, summary, status) values ('fact-1', 'g', 's', 'running')`)
+  await older.query("insert into runs (run_id, goal, summary, status) values ('fact-1', 'g', 's', 'running')")
   const held = await pool.connect()
   await held.query('begin')
-  await held.query(`insert into events (event_type) values ('held')`)
-  const [after] = (await older.query(`insert into events (event_type) values ('after_held') returning event_id`)).rows
+  await held.query("insert into events (event_type) values ('held')")
+  const [after] = (await older.query("insert into events (event_type) values ('after_held') returning event_id")).rows
   // Delivery can start waiting no earlier than this commit above the open id.
   const waitCouldBegin = Date.now()
   await older.query('commit')
@@ -124,7 +124,7 @@ t.test('exactly-once, ascending, gap-free fetch-then-subscribe, through a hot st
   t.notOk(streams.all.events().some((event) => event.event_id === Number(after.event_id)), 'and the event above the hole has not been sent')
   await held.query('commit')
   held.release()
-  await streams.all.waitFor((s) => s.events().some((event) => event.event_id === Number(after.event_id)), 10_000)
+  await streams.all.waitFor((s) => s.events().some((event) => event.event_id === Number(after.event_id)))
 
   const primaryLog = pg15.log('primary').slice(primaryLogBefore)
   t.notMatch(primaryLog, /application_name=ocp-api$/m, 'no connection of the request pool reached the primary')

@@ -2,7 +2,7 @@ import { Kysely, PostgresDialect } from 'kysely'
 import t, { type Test } from 'tap'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
-import { migrateToLatest, pendingMigrations } from '../db/migrate.js'
+import { migrateToLatest, schemaState } from '../db/migrate.js'
 import { migrations } from '../db/migrations/index.js'
 import type { Database } from '../db/schema.js'
 import { addTask, createRun, dispatchTask, postMessage, recordChange } from '../db/writer.js'
@@ -11,7 +11,7 @@ import { testPool, withDatabase } from './helpers/database.js'
 import { makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
 import { runScript, type Outcome } from './helpers/run.js'
 import { openStream } from './helpers/sse.js'
-import { queryOn as query, startReplicatedPostgres, standbySkipReason, type ReplicatedPostgres } from './helpers/standby.js'
+import { queryOn as query, startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
 
 // The service on a hot standby (docs/reference.md, "Read replicas"), on a primary and a
 // streaming standby of the test's own. The service reads as a read-only
@@ -38,7 +38,6 @@ async function serve (env: Record<string, string>, use?: (base: string) => Promi
   if (failure !== undefined) throw failure
   return outcome
 }
-
 
 /** A read-write Kysely over `url`, as an orchestrator writes (on the primary). */
 function writerOn (t: Test, url: string): Kysely<Database> {
@@ -101,13 +100,13 @@ t.test('the service on a primary and its hot standby', { skip }, async (t) => {
       assertSchema(t, 'ThreadDetail', detailOfThread)
       t.match(detailOfThread, { thread: { thread_id: threadId, status: 'claimed' }, messages: [{ message_id: 'message-replicated', artifacts: [{ message_id: 'message-replicated' }] }] }, 'and the thread detail')
 
-      await stream.waitFor((s) => s.events().some((event) => event.event_id === lastEventId), 10_000)
+      await stream.waitFor((s) => s.events().some((event) => event.event_id === lastEventId))
       t.same(stream.events().map((event) => event.event_id), eventIds, 'the stream delivers every event written on the primary, once, in order')
     })
     t.equal(outcome.code, 0, outcome.stderr)
-    t.match(outcome.stdout, /reads go to DATABASE_READ_URL; migrations and the event log's upkeep to DATABASE_URL/)
+    t.match(outcome.stdout, /reads go to DATABASE_READ_URL; migrations and the event log's keeper to DATABASE_URL/)
     t.match(outcome.stdout, /database migrated/)
-    t.notMatch(outcome.stdout, /upkeep is off/)
+    t.notMatch(outcome.stdout, /keeper is off/)
 
     const primaryLog = pg15.log('primary').slice(primaryLogBefore)
     const standbyLog = pg15.log('standby').slice(standbyLogBefore)
@@ -118,7 +117,7 @@ t.test('the service on a primary and its hot standby', { skip }, async (t) => {
     t.match(standbyLog, /user=ocp_reader database=ocp_replicated application_name=ocp-api-schema-check$/m, 'which was checked for the migrations first')
   })
 
-  await t.test('DATABASE_URL alone on the standby: starts, serves reads and streams, says the upkeep is off', async (t) => {
+  await t.test('DATABASE_URL alone on the standby: starts, serves reads and streams, says the keeper is off', async (t) => {
     const primaryLogBefore = pg15.log('primary').length
     const outcome = await serve({ DATABASE_URL: reader }, async (base) => {
       const detail = await fetch(`${base}/api/runs/${written.runId}`)
@@ -130,25 +129,30 @@ t.test('the service on a primary and its hot standby', { skip }, async (t) => {
       const stream = await openStream(base, '/api/events/stream?after_event_id=0')
       t.teardown(stream.close)
       const later = await recordChange(writer, { event_type: 'run_status', run_id: written.runId, summary: 'Still replicating' })
-      await stream.waitFor((s) => s.events().some((event) => event.event_id === later), 10_000)
+      await stream.waitFor((s) => s.events().some((event) => event.event_id === later))
       t.same(stream.events().map((event) => event.event_id), await eventIdsOnPrimary(), 'the history, then what the primary writes next')
     })
     t.equal(outcome.code, 0, outcome.stderr)
-    t.match(outcome.stdout, /DATABASE_URL names a hot standby: the event log's upkeep is off here/)
-    t.equal(outcome.stdout.match(/upkeep is off/g)?.length, 1, 'said once')
+    t.match(outcome.stdout, /DATABASE_URL names a hot standby: the event log's keeper is off here/)
+    t.equal(outcome.stdout.match(/keeper is off/g)?.length, 1, 'said once')
     t.match(outcome.stdout, /"MIGRATE_ON_START":true.*nothing is migrated there, whatever MIGRATE_ON_START says/)
     t.notMatch(outcome.stdout, /database migrated|schema up to date/)
     t.notMatch(pg15.log('primary').slice(primaryLogBefore), /ocp_reader/, 'the primary saw nothing of it')
   })
 
-  await t.test('the decorators: where reads, migrations and the upkeep go', async (t) => {
+  await t.test('the decorators: where reads, migrations and the keeper go', async (t) => {
     const env = { LOG_LEVEL: 'silent' }
     const split = await buildApp(loadConfig({ ...env, DATABASE_URL: primary, DATABASE_READ_URL: reader }))
     t.teardown(() => split.close())
-    t.same([split.databaseUrl, split.readDatabaseUrl, split.upkeepDatabaseUrl], [primary, reader, primary])
+    t.same([split.databaseUrl, split.readDatabaseUrl, split.keeperDatabaseUrl, split.wakeupDatabaseUrl], [primary, reader, primary, reader], 'the wake-up streams the standby\'s WAL, as the reading role')
     const standbyAlone = await buildApp(loadConfig({ ...env, DATABASE_URL: reader }))
     t.teardown(() => standbyAlone.close())
-    t.same([standbyAlone.databaseUrl, standbyAlone.readDatabaseUrl, standbyAlone.upkeepDatabaseUrl], [reader, reader, undefined], 'no upkeep on a standby')
+    t.same([standbyAlone.databaseUrl, standbyAlone.readDatabaseUrl, standbyAlone.keeperDatabaseUrl, standbyAlone.wakeupDatabaseUrl], [reader, reader, undefined, reader], 'no keeper on a standby')
+    // The primary refuses the reading role (its pg_hba.conf): a read server that cannot be asked is taken for a standby.
+    const unasked = on(pg15.primaryReaderUrl, database)
+    const refused = await buildApp(loadConfig({ ...env, DATABASE_URL: primary, DATABASE_READ_URL: unasked }))
+    t.teardown(() => refused.close())
+    t.equal(refused.wakeupDatabaseUrl, unasked, 'a read server that cannot be asked: the wake-up connects to it')
   })
 
   await t.test('a migration pending on the standby: the service refuses to start, naming it', async (t) => {
@@ -176,11 +180,11 @@ t.test('the service on a primary and its hot standby', { skip }, async (t) => {
 
   await t.test('migrations are never tried on a standby; a replica is waited for', async (t) => {
     await t.rejects(migrateToLatest(on(pg15.standbyUrl, 'ocp_empty')), /^the database is a hot standby \(read-only\): migrations are applied to its primary/)
-    t.same(await pendingMigrations(on(pg15.readerUrl, 'ocp_empty'), 200), names, 'still pending after the wait')
+    t.same((await schemaState(on(pg15.readerUrl, 'ocp_empty'), 200)).pending, names, 'still pending after the wait')
 
     await pg15.createDatabase('ocp_late')
-    const waiting = pendingMigrations(on(pg15.readerUrl, 'ocp_late'), 10_000)
+    const waiting = schemaState(on(pg15.readerUrl, 'ocp_late'), 10_000)
     await migrateToLatest(on(pg15.primaryUrl, 'ocp_late'))
-    t.same(await waiting, [], 'the replica shows the migrations once it has replayed them')
+    t.same(await waiting, { pending: [], newer: [] }, 'the replica shows the migrations once it has replayed them')
   })
 })

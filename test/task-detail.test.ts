@@ -22,8 +22,17 @@ const attempts = [
   makeAttempt({ run_id: 'run-story', task_id: 'task-story', attempt_no: 1, thread_id: 'th-old', status: 'failed' }),
   makeAttempt({ run_id: 'run-story', task_id: 'task-story', attempt_no: 3, thread_id: 'th-tie-b' }),
   makeAttempt({
-    run_id: 'run-story', task_id: 'task-story', attempt_no: 2, thread_id: 'th-tie-a', status: 'blocked',
-    base_ref: 'main', base_commit: 'abc', branch_name: 'task/story', worktree_path: '/w/story', workspace_status: 'clean', result_commit: 'def'
+    run_id: 'run-story',
+    task_id: 'task-story',
+    attempt_no: 2,
+    thread_id: 'th-tie-a',
+    status: 'blocked',
+    base_ref: 'main',
+    base_commit: 'abc',
+    branch_name: 'task/story',
+    worktree_path: '/w/story',
+    workspace_status: 'clean',
+    result_commit: 'def'
   }),
   makeAttempt({ run_id: 'run-other', task_id: 'task-story', attempt_no: 9, thread_id: 'th-namesake' })
 ]
@@ -51,9 +60,20 @@ t.test('getTaskDetail: every field of the task, its attempts newest first, its t
   t.match(res.body, /"acceptance_json": \{"big": 12345678901234567890\}/, 'raw JSON passes through unrounded')
   t.same(taskAttempts.map((attempt: { attempt_no: number }) => attempt.attempt_no), [3, 2, 1], 'attempt_no desc')
   t.same(taskAttempts[1], {
-    run_id: 'run-story', task_id: 'task-story', attempt_no: 2, assigned_to: 'worker-1', thread_id: 'th-tie-a',
-    base_ref: 'main', base_commit: 'abc', branch_name: 'task/story', worktree_path: '/w/story', workspace_status: 'clean', result_commit: 'def',
-    status: 'blocked', created_at: taskAttempts[1].created_at, updated_at: taskAttempts[1].updated_at
+    run_id: 'run-story',
+    task_id: 'task-story',
+    attempt_no: 2,
+    assigned_to: 'worker-1',
+    thread_id: 'th-tie-a',
+    base_ref: 'main',
+    base_commit: 'abc',
+    branch_name: 'task/story',
+    worktree_path: '/w/story',
+    workspace_status: 'clean',
+    result_commit: 'def',
+    status: 'blocked',
+    created_at: taskAttempts[1].created_at,
+    updated_at: taskAttempts[1].updated_at
   })
   t.notOk('base_ref' in taskAttempts[0], 'optional fields omitted when NULL')
   t.same(taskThreads.map((thread: { thread_id: string }) => thread.thread_id), ['th-tie-b', 'th-tie-a', 'th-old'],

@@ -31,9 +31,17 @@ t.test('getThreadDetail: every field, messages and artifacts in order', async (t
   assertSchema(t, 'ThreadDetailEnvelope', res.json())
   const detail = res.json().thread
   t.same(detail.thread, {
-    thread_id: 'thread-full', run_id: 'run-t', task_id: 'task-t', subject: 'Décision 🚀', created_by: 'orchestrator',
-    assigned_to: 'worker-1', status: 'open', priority: 'normal', latest_message_id: 'm-3',
-    created_at: detail.thread.created_at, updated_at: detail.thread.updated_at
+    thread_id: 'thread-full',
+    run_id: 'run-t',
+    task_id: 'task-t',
+    subject: 'Décision 🚀',
+    created_by: 'orchestrator',
+    assigned_to: 'worker-1',
+    status: 'open',
+    priority: 'normal',
+    latest_message_id: 'm-3',
+    created_at: detail.thread.created_at,
+    updated_at: detail.thread.updated_at
   })
   t.equal(new Date(detail.thread.created_at).toISOString(), thread.created_at)
   t.same(detail.messages.map((message: { message_id: string }) => message.message_id), ['m-1', 'm-2', 'm-3'],

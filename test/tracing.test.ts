@@ -81,8 +81,7 @@ t.test('tracing on: a span per request continuing traceparent, named by route; o
       await stream.waitFor((s) => s.events().length === written.length + 1)
       streamed = stream.events().length
       stream.close()
-      child.kill('SIGTERM') // shutting down exports what is left
-    })()
+    })().finally(() => child.kill('SIGTERM')) // shutting down exports what is left
   })
   t.equal(outcome.code, 0)
   t.equal(streamed, 21)

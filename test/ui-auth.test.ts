@@ -146,7 +146,7 @@ t.test('a token refused mid-session (the service no longer takes it): back to th
   await app.listen({ port, host: '127.0.0.1' })
   await commitTaskStatus('task-announce', 'running')
   const refusal = page.locator('.sign-in [role="alert"]')
-  await refusal.waitFor({ timeout: 15_000 })
+  await refusal.waitFor({ timeout: READY_MS })
   t.match(await refusal.textContent(), /^Your token was refused: .+\. Sign in again\.$/)
   t.equal(await page.locator('.account').count(), 0)
 })
@@ -192,7 +192,7 @@ t.test('an identity provider: a pasted JWT; an expired one refused, saying so; "
   const navigations: string[] = []
   page.on('framenavigated', (frame) => { if (frame === page.mainFrame()) navigations.push(frame.url()) })
   await page.getByRole('button', { name: `Sign in with ${host}` }).click()
-  await page.locator('h1', { hasText: 'Rotate the signing keys' }).waitFor({ timeout: 10_000 })
+  await page.locator('h1', { hasText: 'Rotate the signing keys' }).waitFor({ timeout: READY_MS })
   await page.locator('.live.is-live').waitFor({ timeout: READY_MS })
   t.match(await page.locator('.account').textContent(), /Signed in as ada@example\.com/, 'signed in as the provider\'s user')
   t.equal(page.url(), `${url}/#/runs/run-ua`, 'the address cleaned of the code and state, on the page it started from')

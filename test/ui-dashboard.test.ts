@@ -61,11 +61,13 @@ function runListRequests (page: import('playwright-core').Page): URL[] {
 t.test('2,000 runs: the first page draws at once, one page of 50 is read; paging follows the Link and keeps the address', async (t) => {
   const { url } = await serve(t)
   let requests: URL[] = []
-  const page = await openPage(t, `${url}/`, { beforeGoto: (p) => {
-    requests = runListRequests(p)
-    // When the first row is in the document, on the page's own clock (0 = navigation start).
-    void p.addInitScript({ content: FIRST_ROW_CLOCK })
-  } })
+  const page = await openPage(t, `${url}/`, {
+    beforeGoto: (p) => {
+      requests = runListRequests(p)
+      // When the first row is in the document, on the page's own clock (0 = navigation start).
+      void p.addInitScript({ content: FIRST_ROW_CLOCK })
+    }
+  })
   await page.locator('tr[data-run]').first().waitFor()
   const drawnAt = await page.evaluate<number>('window.firstRowAt')
   t.comment(`first page drawn by ${Math.round(drawnAt)} ms after navigation began (in-page clock; a figure, not asserted)`)

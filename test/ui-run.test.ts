@@ -19,10 +19,10 @@ const config = { EVENTS_POLL_INTERVAL_MS: 50, SSE_RETRY_MS: 300 }
 /** The run's history, a second apart from a fixed start: each task's phases, the threads' messages. */
 const BASE = Date.parse('2026-03-02T09:00:00Z')
 let second = 0
-const event = (event_type: string, task_id: string, fields: { thread_id?: string, summary?: string, status?: string } = {}) => ({
-  event_type,
+const event = (eventType: string, taskId: string, fields: { thread_id?: string, summary?: string, status?: string } = {}) => ({
+  event_type: eventType,
   run_id: RUN,
-  task_id,
+  task_id: taskId,
   thread_id: fields.thread_id ?? '',
   summary: fields.summary ?? '',
   payload: json(fields.status === undefined ? {} : { status: fields.status }),

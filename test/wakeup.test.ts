@@ -11,7 +11,7 @@ import { movableAddress } from './helpers/proxy.js'
 import { needsServer, testDatabaseUrl, withDatabase } from './helpers/database.js'
 import { openStream, type RawStream } from './helpers/sse.js'
 import { READER_ROLE, standbySkipReason, startReplicatedPostgres } from './helpers/standby.js'
-import { sleep, waitUntil } from './helpers/wait.js'
+import { PROMPTLY_MS, sleep, waitUntil } from './helpers/wait.js'
 
 // The event wake-up (EVENTS_WAKEUP, events/wakeup.ts): new
 // events reach the streams as they commit, long before the safety net's
@@ -50,7 +50,7 @@ function writerOn (url: string): Promise<pg.Client> {
 async function deliveryMs (url: string, stream: RawStream, timeoutMs: number): Promise<number> {
   const writer = await writerOn(url)
   const started = Date.now()
-  const { rows: [row] } = await writer.query(`insert into events (event_type) values ('task_running') returning event_id`)
+  const { rows: [row] } = await writer.query("insert into events (event_type) values ('task_running') returning event_id")
   const id = Number(row!.event_id)
   await stream.waitFor((s) => s.events().some((event) => event.event_id === id), timeoutMs)
   return Date.now() - started
@@ -61,7 +61,7 @@ t.test('on a database that allows replication', { skip }, async (t) => {
   await migrateToLatest(cluster.url)
   // The server asks for a status update after 2.5 s of silence and cuts the connection after 5 s without one
   // (1 s, then 2 s, were cut again on a loaded CI machine, the wake-up's answer late, right after it came back).
-  await query(cluster.url, `alter system set wal_sender_timeout = '5s'`)
+  await query(cluster.url, "alter system set wal_sender_timeout = '5s'")
   await query(cluster.url, 'select pg_reload_conf()')
   const hbaFile = String((await query(cluster.url, 'show hba_file'))[0]!.hba_file)
   const hba = readFileSync(hbaFile, 'utf8')
@@ -77,7 +77,7 @@ t.test('on a database that allows replication', { skip }, async (t) => {
   await app.listen({ port: 0, host: '127.0.0.1' })
   const { port } = app.server.address() as { port: number }
   const wakeup = app.events.wakeup!
-  await waitUntil(() => wakeup.live, 'the wake-up streams WAL', 10_000)
+  await waitUntil(() => wakeup.live, 'the wake-up streams WAL', 60_000)
   const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream?after_event_id=0')
   t.teardown(() => stream.close())
   await sleep(200)
@@ -91,7 +91,7 @@ t.test('on a database that allows replication', { skip }, async (t) => {
 
   // The WAL sender killed, and replication refused for a while: the hub polls every 1.5 s.
   await setReplication(false)
-  const walSenders = await query(cluster.url, `select pg_terminate_backend(pid) as ended from pg_stat_replication where application_name = 'ocp-api-wakeup'`)
+  const walSenders = await query(cluster.url, "select pg_terminate_backend(pid) as ended from pg_stat_replication where application_name = 'ocp-api-wakeup'")
   t.equal(walSenders.length, 1, 'one WAL sender serves the wake-up')
   await waitUntil(() => !wakeup.live, 'the wake-up notices')
   t.equal(wakeup.lost, 1, 'the loss is counted')
@@ -103,7 +103,7 @@ t.test('on a database that allows replication', { skip }, async (t) => {
   t.match(metrics, /^event_wakeup_lost_total 1$/m, 'and counts the loss')
 
   await setReplication(true)
-  await waitUntil(() => wakeup.live, 'the wake-up comes back by itself', 20_000)
+  await waitUntil(() => wakeup.live, 'the wake-up comes back by itself', 60_000)
   // The 1.5 s poll scheduled while it was away fires once more; the next is 60 s away,
   // so a delivery within seconds is the wake-up's (a loaded machine may take some hundreds of ms).
   await sleep(1600)
@@ -123,13 +123,13 @@ t.test('a server stopping cleanly does not wait on the wake-up, which comes back
   // The timed poll: every 60 s while the wake-up is live, every 1.5 s while it is not.
   const { app, url } = await serve(t, { DATABASE_URL: cluster.url, EVENTS_WAKEUP: 'wal', EVENTS_POLL_INTERVAL_MS: 1500, EVENTS_WAKEUP_POLL_INTERVAL_MS: 60_000 })
   const wakeup = app.events.wakeup!
-  await waitUntil(() => wakeup.live, 'the wake-up streams WAL', 10_000)
+  await waitUntil(() => wakeup.live, 'the wake-up streams WAL', 60_000)
   const stream = await openStream(url, '/api/events/stream?after_event_id=0')
   t.teardown(() => stream.close())
 
   // At shutdown the WAL sender waits until its client confirms all WAL sent: a wake-up that
-  // confirmed nothing held `pg_ctl stop -m fast` up forever. A clean stop takes about a second; 20 s is for a loaded CI machine.
-  const boundSeconds = 20
+  // confirmed nothing held `pg_ctl stop -m fast` up forever. A clean stop takes about a second.
+  const boundSeconds = PROMPTLY_MS / 1000
   const stopping = Date.now()
   const stopped = await cluster.stopClean(boundSeconds).then(() => true, () => false)
   const stopMs = Date.now() - stopping
@@ -138,7 +138,7 @@ t.test('a server stopping cleanly does not wait on the wake-up, which comes back
   await waitUntil(() => !wakeup.live, 'the wake-up notices')
 
   cluster.start()
-  await waitUntil(() => wakeup.live, 'the wake-up comes back by itself', 20_000)
+  await waitUntil(() => wakeup.live, 'the wake-up comes back by itself', 60_000)
   t.equal(wakeup.lost, 1, 'the loss is counted')
   // As above: the 1.5 s poll scheduled while it was away fires once more, the next is 60 s away.
   await sleep(1600)
@@ -156,27 +156,52 @@ t.test('with synchronous_standby_names = \'*\', the wake-up is never a synchrono
   const primary = withDatabase(pair.primaryUrl, database)
   await migrateToLatest(primary)
   // Keepalives ask for a status update every second, so the wake-up has reported its position well before the commit.
-  await query(pair.primaryUrl, `alter system set synchronous_standby_names = '*'`)
+  await query(pair.primaryUrl, "alter system set synchronous_standby_names = '*'")
   await query(pair.primaryUrl, 'alter system set synchronous_commit = on')
-  await query(pair.primaryUrl, `alter system set wal_sender_timeout = '2s'`)
+  await query(pair.primaryUrl, "alter system set wal_sender_timeout = '2s'")
   await query(pair.primaryUrl, 'select pg_reload_conf()')
   const app = await build(t, { DATABASE_URL: primary, EVENTS_WAKEUP: 'wal' })
-  await waitUntil(() => app.events.wakeup!.live, 'the wake-up streams WAL', 10_000)
-  const wakeupState = `select write_lsn is not null as written, flush_lsn is null as unflushed, sync_state from pg_stat_replication where application_name = 'ocp-api-wakeup'`
-  await waitUntil(async () => (await query(pair.primaryUrl, wakeupState))[0]?.written === true, 'the wake-up to report how far it has received', 10_000)
+  await waitUntil(() => app.events.wakeup!.live, 'the wake-up streams WAL', 60_000)
+  const wakeupState = "select write_lsn is not null as written, flush_lsn is null as unflushed, sync_state from pg_stat_replication where application_name = 'ocp-api-wakeup'"
+  await waitUntil(async () => (await query(pair.primaryUrl, wakeupState))[0]?.written === true, 'the wake-up to report how far it has received', 60_000)
 
   const writer = new pg.Client({ connectionString: primary })
   await writer.connect()
   t.teardown(() => writer.end().catch(() => {}))
   const committing = Date.now()
   const committed = await Promise.race([
-    writer.query(`insert into events (event_type) values ('task_running')`).then(() => true),
+    writer.query("insert into events (event_type) values ('task_running')").then(() => true),
     sleep(5000).then(() => false)
   ])
   t.ok(committed, `a commit completes (in ${Date.now() - committing} ms): it waits on the standby, not on the wake-up`)
-  if (!committed) await query(pair.primaryUrl, `select pg_cancel_backend(pid) from pg_stat_activity where wait_event = 'SyncRep'`)
+  if (!committed) await query(pair.primaryUrl, "select pg_cancel_backend(pid) from pg_stat_activity where wait_event = 'SyncRep'")
   t.match(await query(pair.primaryUrl, wakeupState), [{ unflushed: true, sync_state: 'async' }], 'the wake-up reports no flush position: async, neither sync nor potential')
-  t.same((await query(pair.primaryUrl, `select sync_state from pg_stat_replication where application_name <> 'ocp-api-wakeup'`)).map((row) => row.sync_state), ['sync'], 'the standby is the synchronous one')
+  t.same((await query(pair.primaryUrl, "select sync_state from pg_stat_replication where application_name <> 'ocp-api-wakeup'")).map((row) => row.sync_state), ['sync'], 'the standby is the synchronous one')
+})
+
+t.test('reads on the primary as a role without REPLICATION: the wake-up connects with DATABASE_URL', { skip }, async (t) => {
+  const cluster = await ownCluster(t)
+  await migrateToLatest(cluster.url)
+  // The roles of deploy/postgres/grants.sql, as the compose deployment makes them: the reader may not replicate.
+  await query(cluster.url, 'create role ocp_reader login noreplication; create role ocp_writer login noreplication')
+  await query(cluster.url, readFileSync(new URL('../deploy/postgres/grants.sql', import.meta.url), 'utf8'))
+  const reader = cluster.url.replace('//postgres@', '//ocp_reader@')
+  const lines: LogLine[] = []
+  const app = await build(t, { DATABASE_URL: cluster.url, DATABASE_READ_URL: reader, EVENTS_WAKEUP: 'wal', EVENTS_POLL_INTERVAL_MS: 60_000, EVENTS_WAKEUP_POLL_INTERVAL_MS: 60_000 }, { logger: logTo(lines) })
+  t.same([app.readDatabaseUrl, app.wakeupDatabaseUrl], [reader, cluster.url], 'reads as the reader, the wake-up as DATABASE_URL\'s role')
+  t.ok(lines.some((line) => line.msg.startsWith('DATABASE_READ_URL names a primary: the event wake-up connects with DATABASE_URL')), 'said at start')
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const { port } = app.server.address() as { port: number }
+  await waitUntil(() => app.events.wakeup!.live, 'the wake-up streams WAL', 60_000)
+  const senders = await query(cluster.url, 'select usename from pg_stat_replication where application_name = \'ocp-api-wakeup\'')
+  t.same(senders, [{ usename: 'postgres' }], 'over a replication connection of DATABASE_URL\'s role')
+  const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream?after_event_id=0')
+  t.teardown(() => stream.close())
+  await sleep(200)
+  const live = await deliveryMs(cluster.url, stream, 5000)
+  t.ok(live < 500, `an event is delivered ${live} ms after its commit, where the next timed poll is up to 60 s away`)
+  const readers = await query(cluster.url, 'select distinct usename from pg_stat_activity where application_name = \'ocp-api\'')
+  t.same(readers, [{ usename: 'ocp_reader' }], 'and read as the reader')
 })
 
 t.test('through a hot standby: the wake-up connects to the standby the hub reads from', { skip: standbySkipReason() }, async (t) => {
@@ -200,7 +225,7 @@ t.test('through a hot standby: the wake-up connects to the standby the hub reads
   })
   await app.listen({ port: 0, host: '127.0.0.1' })
   const { port } = app.server.address() as { port: number }
-  await waitUntil(() => app.events.wakeup!.live, 'the wake-up streams WAL', 10_000)
+  await waitUntil(() => app.events.wakeup!.live, 'the wake-up streams WAL', 60_000)
   const stream = await openStream(`http://127.0.0.1:${port}`, '/api/events/stream?after_event_id=0')
   t.teardown(() => stream.close())
   await sleep(200)
@@ -218,16 +243,16 @@ t.test('through a hot standby: the wake-up connects to the standby the hub reads
   await query(standby, 'select pg_promote()')
   pair.crashPrimary()
   address.moveTo(standbyPort!)
-  await waitUntil(() => wakeup.lost === 1, 'the stream ends with the timeline', 10_000)
-  await waitUntil(() => wakeup.live, 'and starts again on the new one', 10_000)
-  await waitUntil(() => app.events.upkeep!.epoch === 1, 'the keeper to record the new timeline', 15_000)
+  await waitUntil(() => wakeup.lost === 1, 'the stream ends with the timeline', 60_000)
+  await waitUntil(() => wakeup.live, 'and starts again on the new one', 60_000)
+  await waitUntil(() => app.events.keeper!.epoch === 1, 'the keeper to record the new timeline', 60_000)
   const promoted = await deliveryMs(standby, stream, 5000)
   t.ok(promoted < 500, `events committed on the promoted standby are delivered as they commit (${promoted} ms)`)
   t.equal(stream.events().length, 6, 'every event once')
 })
 
 t.test('on a database that refuses replication connections', { skip }, async (t) => {
-  const [rules] = await query(await testDatabaseUrl(), `select count(*) > 0 as allowed from pg_hba_file_rules where 'replication' = any(database)`)
+  const [rules] = await query(await testDatabaseUrl(), "select count(*) > 0 as allowed from pg_hba_file_rules where 'replication' = any(database)")
   if (rules!.allowed === true) {
     t.pass('skipped: this server allows replication connections, so the refusal cannot be shown on it')
     return

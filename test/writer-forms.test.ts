@@ -34,7 +34,7 @@ t.test('the forms a writer may use, and those refused', async (t) => {
 
   await t.test('nextval first, the insert later in the same transaction (SQLAlchemy\'s explicit Sequence): waited for, then delivered', async (t) => {
     await writer.query('begin')
-    const drawn = Number((await one(writer, `select nextval('events_event_id_seq')::text as id`)).id)
+    const drawn = Number((await one(writer, "select nextval('events_event_id_seq')::text as id")).id)
     const above = await insert(other, 'committed_above')
     await tick()
     await tick()
@@ -46,13 +46,13 @@ t.test('the forms a writer may use, and those refused', async (t) => {
   })
 
   await t.test('nextval inline in the insert (an ORM\'s rendered default): delivered', async (t) => {
-    const id = await insert(writer, 'inline', `nextval('events_event_id_seq')`)
+    const id = await insert(writer, 'inline', "nextval('events_event_id_seq')")
     await tick()
     t.ok(await settled() >= id)
   })
 
   await t.test('an id drawn by one transaction and inserted by another (Hibernate\'s pooled and hi/lo ids)', async (t) => {
-    const early = Number((await one(other, `select nextval('events_event_id_seq')::text as id`)).id)
+    const early = Number((await one(other, "select nextval('events_event_id_seq')::text as id")).id)
     await writer.query('begin')
     t.equal(await insert(writer, 'drawn_elsewhere_early', early), early, 'before a tick has settled the id, the insert is accepted')
     await insert(other, 'above_early')
@@ -61,7 +61,7 @@ t.test('the forms a writer may use, and those refused', async (t) => {
     t.ok(await settled() < early, 'and the inserting transaction is waited for like a writer that drew it')
     await writer.query('commit')
 
-    const late = Number((await one(other, `select nextval('events_event_id_seq')::text as id`)).id)
+    const late = Number((await one(other, "select nextval('events_event_id_seq')::text as id")).id)
     await tick()
     await tick()
     await t.rejects(insert(writer, 'drawn_elsewhere', late), refusal, 'once settled as a hole, refused with an error that names event_id and says what to do')
@@ -78,6 +78,19 @@ t.test('the forms a writer may use, and those refused', async (t) => {
     await t.rejects(insert(writer, 'into_the_hole', hole), refusal, 'so filling it is refused')
   })
 
+  await t.test('an explicit id a deleted event had: refused once settled, even past a mark held back', async (t) => {
+    // A reader of the sequence left idle: the census counts it in flight, below every id drawn since.
+    const reader = await session()
+    await reader.query('begin')
+    await reader.query('select pg_sequence_last_value(\'events_event_id_seq\')')
+    await tick()
+    const deleted = await insert(other, 'deleted')
+    t.ok(await tick() >= deleted, 'the tick settles the run of visible ids above what its census holds back')
+    await reader.query('commit')
+    await other.query('delete from events where event_id = $1', [deleted])
+    await t.rejects(insert(writer, 'reinserted', deleted), refusal, 'so its id is refused: streams have passed it')
+  })
+
   await t.test('an explicit id above the sequence (a fixture): moves the sequence past it, and is waited for', async (t) => {
     const top = Number((await one(keeper, 'select last_value::text as v from events_event_id_seq')).v)
     await writer.query('begin')
@@ -91,14 +104,14 @@ t.test('the forms a writer may use, and those refused', async (t) => {
   })
 
   await t.test('COPY and multi-row inserts: each row as its form says', async (t) => {
-    const rows = await writer.query(`insert into events (event_type) values ('multi'), ('multi'), ('multi') returning event_id`)
+    const rows = await writer.query("insert into events (event_type) values ('multi'), ('multi'), ('multi') returning event_id")
     t.equal(rows.rowCount, 3, 'a multi-row insert draws each id')
-    const copied = await writer.query(`copy events (event_type) from program 'printf "copied\\ncopied\\n"'`)
+    const copied = await writer.query('copy events (event_type) from program \'printf "copied\\ncopied\\n"\'')
     t.equal(copied.rowCount, 2, 'COPY with the id left out draws each id')
     await tick()
     await tick()
     t.ok(await settled() >= Number(rows.rows[2].event_id) + 2, 'all settled')
-    const hole = Number((await one(other, `select nextval('events_event_id_seq')::text as id`)).id)
+    const hole = Number((await one(other, "select nextval('events_event_id_seq')::text as id")).id)
     await tick()
     await tick()
     await t.rejects(writer.query(`copy events (event_id, event_type) from program 'printf "${hole}\\tcopied_late\\n"'`), refusal, 'COPY of a settled id is refused')
@@ -124,7 +137,7 @@ t.test('the forms a writer may use, and those refused', async (t) => {
     const id = await insert(writer, 'fixed')
     await t.rejects(writer.query('update events set event_id = event_id + 1000000 where event_id = $1', [id]),
       { code: '23514', column: 'event_id', message: /cannot be changed/ })
-    await writer.query(`update events set summary = 'edited' where event_id = $1`, [id])
+    await writer.query("update events set summary = 'edited' where event_id = $1", [id])
     t.pass('other columns may change (streams do not send the change)')
   })
 
@@ -137,7 +150,7 @@ t.test('the forms a writer may use, and those refused', async (t) => {
     await tick()
     await tick()
     t.ok(await settled() >= plain, 'a SELECT from the sequence takes no lock a writer takes: nothing waits for it')
-    await reader.query(`select pg_sequence_last_value('events_event_id_seq')`)
+    await reader.query("select pg_sequence_last_value('events_event_id_seq')")
     await tick()
     const { census_writers: writers } = await one<{ census_writers: string[] }>(keeper, 'select census_writers from event_log_state')
     t.equal(writers.length, 1, 'pg_sequence_last_value (and so the pg_sequences view) takes the lock nextval takes: Postgres cannot tell it from a writer, and docs/stream.md says it is waited for')

@@ -1,7 +1,10 @@
 import { EventSource } from 'eventsource'
+import { Kysely, PostgresDialect } from 'kysely'
 import { request } from 'node:http'
 import pg from 'pg'
 import t from 'tap'
+import type { Database } from '../../db/schema.js'
+import { addTask, createRun, setTaskStatus } from '../../db/writer.js'
 import { composeStack } from '../helpers/compose.js'
 import { metricValue } from '../helpers/metrics.js'
 import { sleep, waitUntil } from '../helpers/wait.js'
@@ -16,9 +19,11 @@ import { sleep, waitUntil } from '../helpers/wait.js'
  * and `up` after a kill of Postgres keep every committed row; every
  * healthcheck turns healthy. Secure by default: the API and nginx are
  * published on loopback alone, and answer no foreign Host (authentication
- * is off); the service's role is no superuser and the superuser may not
- * connect over the network; the password is the one given, and the event
- * wake-up's replication connection is allowed to the service's role. Not in tap's default include (it takes
+ * is off); no role but the superuser is one, and it may not connect over
+ * the network; the replicas read as ocp_reader, which may not write, and
+ * keep the event log as ocp, whose replication connection streams the
+ * event wake-up; the orchestrator's role, ocp_writer, writes what the API
+ * serves and streams; the passwords are the ones given. Not in tap's default include (it takes
  * minutes): `npm run test:compose`. Its own project name and ports, and
  * `down -v` at the end, so it never touches another stack.
  */
@@ -32,7 +37,7 @@ const statusWithHost = (url: string, host: string) => new Promise<number>((resol
 const RESUME_TARGET_MS = 15_000
 
 t.test('the compose deployment: replicas and Postgres killed under open streams, down and up', async (t) => {
-  const { description, compose, scale, docker, containerOf, metricsOf, database, password, api, lb, ...stack } = await composeStack('ocp-compose')
+  const { description, compose, scale, docker, containerOf, metricsOf, psql, database, password, api, lb, ...stack } = await composeStack('ocp-compose')
   t.teardown(() => { scale('down', '-v', '--remove-orphans') })
   t.comment(description)
   const healthy = async (services: string[]) => {
@@ -43,21 +48,51 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
   // The default profile: Postgres and one replica.
   compose('up', '-d', '--build')
   await healthy(['postgres', 'api'])
-  const seed = new pg.Client({ connectionString: database })
-  await seed.connect()
-  await seed.query(`insert into runs (run_id, goal, summary, status) values ('run-compose', 'g', 's', 'running')`)
-  t.same((await seed.query('select current_user as role, rolsuper from pg_roles where rolname = current_user')).rows, [{ role: 'ocp', rolsuper: false }],
-    'the service\'s role, ocp, is no superuser')
-  await waitUntil(async () => (await seed.query('select 1 from pg_stat_activity where application_name like \'ocp-api%\'')).rowCount! > 0, 'the service\'s sessions')
-  const sessions = (await seed.query<{ role: string, rolsuper: boolean }>(
-    'select distinct a.usename as role, r.rolsuper from pg_stat_activity a join pg_roles r on r.rolname = a.usename where a.application_name like \'ocp-api%\'')).rows
-  t.same(sessions, [{ role: 'ocp', rolsuper: false }], 'every session of the service\'s is ocp\'s')
-  await seed.end()
+  t.equal(psql('select string_agg(rolname, \',\') from pg_roles where rolsuper'), 'postgres', 'no role of the cluster but postgres is a superuser')
+  t.equal(psql('select string_agg(format(\'%s login=%s replication=%s createdb=%s createrole=%s\', rolname, rolcanlogin, rolreplication, rolcreatedb, rolcreaterole), \', \' order by rolname collate "C") from pg_roles where rolname like \'ocp%\''),
+    'ocp login=t replication=t createdb=f createrole=f, ocp_reader login=t replication=f createdb=f createrole=f, ocp_writer login=t replication=f createdb=f createrole=f',
+    'the three roles of deploy/postgres/roles.sh: the owner alone may replicate')
+  t.match(compose('logs', '--no-color', 'api'), /DATABASE_READ_URL names a primary: the event wake-up connects with DATABASE_URL/, 'reads on this Postgres: the wake-up connects as the owner')
+
+  // The orchestrator, as ocp_writer: a run, its tasks and their events, in the transactions of db/writer.ts.
+  const orchestrator = new Kysely<Database>({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: stack.orchestrator, max: 1 }) }) })
+  const tail = (await fetch(`${api}/api/runs`)).headers.get('x-event-cursor')
+  const live = { ids: [] as number[], source: new EventSource(`${api}/api/events/stream?after_event_id=${tail}`) }
+  live.source.onmessage = (message) => { live.ids.push(JSON.parse(message.data).event_id) }
+  t.teardown(() => live.source.close())
+  await new Promise((resolve) => { live.source.onopen = resolve })
+  const writtenByOrchestrator = [
+    await createRun(orchestrator, { run_id: 'run-compose', goal: 'g', summary: 's', status: 'running' }),
+    ...await Promise.all(['task-1', 'task-2'].map((taskId) => addTask(orchestrator, { run_id: 'run-compose', task_id: taskId, title: taskId, status: 'pending', default_to: null, priority: 'normal', acceptance_json: '[]', latest_attempt_no: null }))),
+    await setTaskStatus(orchestrator, 'run-compose', 'task-1', 'ready')
+  ].sort((a, b) => a - b)
+  await orchestrator.destroy() // before Postgres is killed, below
+  await waitUntil(() => live.ids.length >= writtenByOrchestrator.length, 'the orchestrator\'s events on the stream', 60_000)
+  t.same(live.ids, writtenByOrchestrator, 'ocp_writer wrote a run, its tasks and their events: the stream delivers each once, in order')
+  live.source.close()
+  t.match(await (await fetch(`${api}/api/runs/run-compose`)).json(), { run: { run: { run_id: 'run-compose' }, total_tasks: 2 } }, 'and the API serves them')
+
+  // Who does what: reads as ocp_reader, the event log's keeper and the wake-up as ocp.
+  /** psql's rows, one a line, in JavaScript's order (not the database's collation), comma-separated. */
+  const rowsOf = (query: string) => psql(query).split('\n').sort().join(', ')
+  const sessions = () => rowsOf(`select distinct application_name || '=' || usename from pg_stat_activity
+    where application_name in ('ocp-api', 'ocp-api-keeper', 'ocp-api-wakeup')`)
+  await waitUntil(() => sessions() === 'ocp-api-keeper=ocp, ocp-api-wakeup=ocp, ocp-api=ocp_reader', 'the service\'s sessions', 60_000)
+  t.pass('the replica\'s request reads are ocp_reader\'s; the keeper and the wake-up are ocp\'s')
+  t.equal(rowsOf('select distinct usename from pg_stat_activity where application_name like \'ocp-api%\''), 'ocp, ocp_reader', 'and no other role serves the service')
+  const reader = new pg.Client({ connectionString: stack.reader })
+  await reader.connect()
+  await reader.query('start transaction read write')
+  await t.rejects(reader.query('insert into runs (run_id, goal, summary, status) values (\'run-reader\', \'g\', \'s\', \'running\')'), { code: '42501', message: /permission denied for table runs/ },
+    'ocp_reader (its password POSTGRES_PASSWORD, OCP_READER_PASSWORD being empty) may not insert into runs, even in a read-write transaction')
+  await reader.end()
+
   const superuser = new pg.Client({ connectionString: database.replace(/\/\/ocp:/, '//postgres:') })
   await t.rejects(superuser.connect(), { message: /pg_hba\.conf rejects connection .*user "postgres"/ }, 'the superuser may not connect over the network, even with the password')
   await t.rejects(new pg.Client({ connectionString: database.replace(password, 'ocp') }).connect(), { message: /password authentication failed/ }, 'the password is the one given (no default)')
+  await t.rejects(new pg.Client({ connectionString: stack.orchestrator.replace(/:[^:@]+@/, `:${password}@`) }).connect(), { message: /password authentication failed/ }, 'ocp_writer\'s password is OCP_WRITER_PASSWORD')
   await waitUntil(() => metricValue(metricsOf('api'), 'event_wakeup_live') === 1, 'the event wake-up to stream WAL (replication allowed to ocp)', 60_000)
-  t.pass('the event wake-up streams WAL: replication is allowed to the service\'s role')
+  t.pass('the event wake-up streams WAL: replication is allowed to the owner')
   t.match(docker('port', containerOf('api'), '8080'), /^127\.0\.0\.1:\d+$/, 'the API is published on loopback alone')
   const read = await fetch(`${api}/api/runs/run-compose`)
   t.equal(read.status, 200, 'a read on the default profile')
@@ -78,13 +113,13 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
   let writing = true
   t.teardown(() => { writing = false })
   const writer = (async () => {
-    while (writing) {
-      const client = new pg.Client({ connectionString: database, connectionTimeoutMillis: 1000 })
+    while (writing) { // eslint-disable-line no-unmodified-loop-condition -- cleared by the teardown
+      const client = new pg.Client({ connectionString: stack.orchestrator, connectionTimeoutMillis: 1000 })
       client.on('error', () => {}) // the server died between queries: the next query fails, and is retried
       try {
         await client.connect()
-        while (writing) {
-          committed.push(Number((await client.query(`insert into events (event_type, run_id) values ('task_running', 'run-compose') returning event_id`)).rows[0].event_id))
+        while (writing) { // eslint-disable-line no-unmodified-loop-condition -- cleared by the teardown
+          committed.push(Number((await client.query('insert into events (event_type, run_id) values (\'task_running\', \'run-compose\') returning event_id')).rows[0].event_id))
           await sleep(50)
         }
       } catch {
@@ -101,7 +136,7 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
     return stream
   })
   t.teardown(() => { for (const stream of streams) stream.source.close() })
-  await waitUntil(() => streams.every((stream) => stream.ids.length >= 10), 'every stream receiving', 30_000)
+  await waitUntil(() => streams.every((stream) => stream.ids.length >= 10), 'every stream receiving', 60_000)
 
   // 2 of 3 replicas die.
   const killedAt = Date.now()
@@ -142,7 +177,7 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
 
   for (const stream of streams) stream.source.close()
   const openOn = (service: string) => metricValue(metricsOf(service), 'event_streams_open')
-  await waitUntil(() => ['api', 'api-2', 'api-3'].map(openOn).every((open) => open === 0), 'no stream left open on any replica', 30_000)
+  await waitUntil(() => ['api', 'api-2', 'api-3'].map(openOn).every((open) => open === 0), 'no stream left open on any replica', 60_000)
   t.pass('no stream left open on any replica')
 
   // A stopped database never corrupts the volume: kill it, down, up.

@@ -224,6 +224,9 @@ export async function startConformanceAdapter (serviceUrl: string, databaseUrl: 
       if (!res.headersSent) res.writeHead(500, { 'content-type': 'text/plain' }).end(err.message)
     })
   })
+  // An idle connection is kept a minute, not Node's 5 s: on a loaded machine the suite's fetch may
+  // send its next request (a 10 MB append, which it never retries) just as the server closes it.
+  server.keepAliveTimeout = 60_000
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
   const { port } = server.address() as { port: number }
   return {

@@ -85,7 +85,7 @@ export async function checkDeployment (serviceUrl: string, databaseUrl: string):
 /**
  * The suite's read path against the service at `serviceUrl`, whose database
  * `databaseUrl` the adapter writes to; `longPollMs` is the service's
- * STREAMS_LONG_POLL_MS (the suite waits that long for a long-poll's 204).
+ * DURABLE_STREAMS_LONG_POLL_MS (the suite waits that long for a long-poll's 204).
  */
 export async function runConformance (serviceUrl: string, databaseUrl: string, longPollMs: number): Promise<ConformanceResult> {
   await checkDeployment(serviceUrl, databaseUrl)

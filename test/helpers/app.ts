@@ -4,12 +4,12 @@ import type { Test } from 'tap'
 import { buildApp, type BuildOptions } from '../../app.js'
 import { loadConfig, type Config } from '../../config.js'
 import { testBackend, testDatabaseUrl } from './database.js'
+import { TEST_SERVICE_ENV } from './run.js'
 import { waitUntil } from './wait.js'
 
 /**
  * The configuration the tests run with: this file's database, quiet logs,
- * and no load shedding on event-loop delay (CI machines run test files in
- * parallel, and a busy one lags; operations.test.ts tests shedding itself).
+ * and the settings of every service a test starts (TEST_SERVICE_ENV).
  * On the embedded database, whose one backend every connection takes in
  * turn, in a process CI's two cores share with other test files, waits of
  * 30 s rather than 5 before a read is called unavailable: a stream refused
@@ -19,7 +19,7 @@ export async function testConfig (overrides: Partial<Config> = {}): Promise<Conf
   const env = {
     DATABASE_URL: await testDatabaseUrl(),
     LOG_LEVEL: 'silent',
-    MAX_EVENT_LOOP_DELAY_MS: '0',
+    ...TEST_SERVICE_ENV,
     ...(testBackend === 'embedded' && { DB_CONNECT_TIMEOUT_MS: '30000', DB_STATEMENT_TIMEOUT_MS: '30000' })
   }
   return { ...loadConfig(env), ...overrides }

@@ -36,10 +36,17 @@ export interface ComposeStack {
   healthy: (services: string[], timeoutMs?: number) => Promise<number>
   /** A replica's /metrics, read inside its container (only the default replica publishes a port). */
   metricsOf: (service: string) => string
-  /** The orchestrator's database (as the service's role, ocp), the default replica and nginx (scale profile), on loopback. */
+  /** The database on loopback as its owner, ocp (migrations, the event log's keeper). */
   database: string
+  /** As the orchestrator, ocp_writer, with OCP_WRITER_PASSWORD (made up for this stack). */
+  orchestrator: string
+  /** As the service's reader, ocp_reader, with POSTGRES_PASSWORD (OCP_READER_PASSWORD is left empty). */
+  reader: string
+  /** `psql` as the superuser inside the Postgres container (the one way it may connect), database ocp; its output, unaligned. */
+  psql: (query: string) => string
   /** POSTGRES_PASSWORD, which the compose file requires: made up for this stack. */
   password: string
+  /** The default replica and nginx (scale profile), on loopback. */
   api: string
   lb: string
 }
@@ -49,7 +56,8 @@ export async function composeStack (name: string): Promise<ComposeStack> {
   const ports = { POSTGRES_PORT: await freePort(), API_PORT: await freePort(), LB_PORT: await freePort() }
   const project = `${name}-${process.pid}`
   const password = randomBytes(18).toString('base64url')
-  const env = { ...process.env, COMPOSE_PROJECT_NAME: project, POSTGRES_PASSWORD: password, ...Object.fromEntries(Object.entries(ports).map(([key, port]) => [key, String(port)])) }
+  const writerPassword = randomBytes(18).toString('base64url')
+  const env = { ...process.env, COMPOSE_PROJECT_NAME: project, POSTGRES_PASSWORD: password, OCP_WRITER_PASSWORD: writerPassword, OCP_READER_PASSWORD: '', DATABASE_READ_URL: '', ...Object.fromEntries(Object.entries(ports).map(([key, port]) => [key, String(port)])) }
   const compose = (...args: string[]) => execFileSync(cli!, [...cliArgs, '-f', join(root, 'docker-compose.yml'), ...args], { cwd: root, env, stdio: 'pipe' }).toString()
   const docker = (...args: string[]) => execFileSync('docker', args, { stdio: 'pipe', maxBuffer: 64 * 1024 * 1024 }).toString().trim()
   const containerOf = (service: string) => compose('ps', '-q', service).trim()
@@ -70,6 +78,9 @@ export async function composeStack (name: string): Promise<ComposeStack> {
     metricsOf: (service) => docker('exec', containerOf(service), 'node', '-e',
       'fetch("http://127.0.0.1:8080/metrics").then((r) => r.text()).then((text) => console.log(text))'),
     database: `postgres://ocp:${password}@127.0.0.1:${ports.POSTGRES_PORT}/ocp`,
+    orchestrator: `postgres://ocp_writer:${writerPassword}@127.0.0.1:${ports.POSTGRES_PORT}/ocp`,
+    reader: `postgres://ocp_reader:${password}@127.0.0.1:${ports.POSTGRES_PORT}/ocp`,
+    psql: (query) => compose('exec', '-T', 'postgres', 'psql', '-U', 'postgres', '-d', 'ocp', '-AtX', '-v', 'ON_ERROR_STOP=1', '-c', query).trim(),
     password,
     api: `http://127.0.0.1:${ports.API_PORT}`,
     lb: `http://127.0.0.1:${ports.LB_PORT}`

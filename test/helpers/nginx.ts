@@ -29,8 +29,8 @@ export async function startNginx (t: Test, ports: number[]): Promise<string> {
   }
   const lbPort = await freePort()
   const site = readFileSync(join(root, 'deploy/nginx/ocp-api.conf.template'), 'utf8')
-    .replace('${OCP_API_UPSTREAMS}', ports.map((port) => `server 127.0.0.1:${port};`).join(' '))
-    .replace('${OCP_LB_PORT}', `127.0.0.1:${lbPort}`)
+    .replace('${OCP_API_UPSTREAMS}', ports.map((port) => `server 127.0.0.1:${port};`).join(' ')) // eslint-disable-line no-template-curly-in-string -- the template's envsubst placeholder
+    .replace('${OCP_LB_PORT}', `127.0.0.1:${lbPort}`) // eslint-disable-line no-template-curly-in-string -- the template's envsubst placeholder
     .replace('/tmp/ocp-api-cache', join(dir, 'cache'))
     .replace('/tmp/ocp-api-streams-cache', join(dir, 'streams-cache'))
   writeFileSync(join(dir, 'ocp-api.conf'), site)
@@ -53,6 +53,6 @@ http {
   const nginx = spawn(NGINX, ['-p', dir, '-c', join(dir, 'nginx.conf')], { stdio: ['ignore', 'ignore', 'inherit'] })
   t.teardown(() => { nginx.kill('SIGTERM'); rmSync(dir, { recursive: true, force: true }) })
   const lb = `http://127.0.0.1:${lbPort}`
-  await waitUntil(() => answers(`${lb}/health`), 'nginx', 30_000)
+  await waitUntil(() => answers(`${lb}/health`), 'nginx', 60_000)
   return lb
 }

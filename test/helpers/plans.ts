@@ -1,7 +1,7 @@
 import type pg from 'pg'
 import { listRuns, type PageKey, type RunFilters } from '../../db/queries.js'
 
-/** A node of an EXPLAIN (FORMAT JSON) plan, with the fields the tests read. */
+/** A node of an EXPLAIN (FORMAT JSON) plan, with the fields the tests and bench:explain read. */
 export interface PlanNode {
   'Node Type'?: string
   'Relation Name'?: string
@@ -42,14 +42,19 @@ export async function listRunsPlan (db: pg.Client, page: RunFilters & { limit: n
   await db.query(`prepare page as ${text}`)
   try {
     const { rows: [plan] } = await db.query(`explain (analyze, format json) execute page(${values.map(literal).join(', ')})`)
-    const nodes = (node: PlanNode): PlanNode[] => [node, ...(node.Plans ?? []).flatMap(nodes)]
-    return nodes(plan['QUERY PLAN'][0].Plan)
+    return planNodes(plan['QUERY PLAN'][0].Plan)
   } finally {
     await db.query('deallocate page')
   }
 }
 
-/** Rows of `relation` that a plan's scans read (returned or filtered out), over all their loops. */
+/** A plan's nodes, the root first, then each child's, depth first. */
+export const planNodes = (node: PlanNode): PlanNode[] => [node, ...(node.Plans ?? []).flatMap(planNodes)]
+
+/** Rows a node read (returned or filtered out), over all its loops. */
+export const nodeRowsRead = (node: PlanNode) => ((node['Actual Rows'] ?? 0) + (node['Rows Removed by Filter'] ?? 0)) * (node['Actual Loops'] ?? 1)
+
+/** Rows of `relation` that a plan's scans read, over all their loops. */
 export const rowsRead = (plan: PlanNode[], relation: string) => plan
   .filter((node) => node['Relation Name'] === relation)
-  .reduce((sum, node) => sum + ((node['Actual Rows'] ?? 0) + (node['Rows Removed by Filter'] ?? 0)) * (node['Actual Loops'] ?? 1), 0)
+  .reduce((sum, node) => sum + nodeRowsRead(node), 0)

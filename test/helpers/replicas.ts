@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process'
 import { join } from 'node:path'
 import type { Test } from 'tap'
 import { answers } from './nginx.js'
-import { root } from './run.js'
+import { root, TEST_SERVICE_ENV } from './run.js'
 import { freePort, waitUntil } from './wait.js'
 
 /*
@@ -19,7 +19,8 @@ const STARTUP_MS = 120_000
 /**
  * `count` replicas over `databaseUrl`, ready; killed when the test ends.
  * Started one after the other: several compiling at once on a busy machine
- * can pass Fastify's plugin timeout. `env` adds to or overrides theirs.
+ * can pass Fastify's plugin timeout. `env` adds to or overrides their
+ * settings (TEST_SERVICE_ENV and the ones below).
  */
 export async function startReplicas (t: Test, databaseUrl: string, count: number, env: Record<string, string> = {}): Promise<Replica[]> {
   const replicas: Replica[] = []
@@ -28,7 +29,7 @@ export async function startReplicas (t: Test, databaseUrl: string, count: number
     const port = await freePort()
     const child = spawn(process.execPath, [...process.execArgv, join(root, 'server.ts')], {
       cwd: root,
-      env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', EVENTS_POLL_INTERVAL_MS: '50', SSE_RETRY_MS: '200', ...env },
+      env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', ...TEST_SERVICE_ENV, MIGRATE_ON_START: 'false', EVENTS_POLL_INTERVAL_MS: '50', SSE_RETRY_MS: '200', ...env },
       stdio: ['ignore', 'ignore', 'inherit']
     })
     replicas.push({ port, process: child })

@@ -10,15 +10,25 @@ export const root = join(dirname(fileURLToPath(import.meta.url)), '../..')
 export interface Outcome { code: number | null, stdout: string, stderr: string }
 
 /**
- * Runs `command` (a script, or a script and its arguments) with `env` over this process's environment less DATABASE_URL;
- * `onStdout` sees all output so far each time some arrives.
+ * Settings of every service a test starts, in process (testConfig) or as a
+ * child: no load shedding on event-loop delay, for test files run in
+ * parallel, and on a busy CI machine they lag (operations.test.ts tests
+ * shedding itself).
+ */
+export const TEST_SERVICE_ENV = { MAX_EVENT_LOOP_DELAY_MS: '0' } as const
+
+/**
+ * Runs `command` (a script, or a script and its arguments) with `env` over TEST_SERVICE_ENV and this process's
+ * environment less DATABASE_URL;
+ * `onStdout` sees all output so far each time some arrives (what it starts must stop a server whatever happens, or the
+ * run waits on it until tap's timeout).
  */
 export function runScript (command: string | string[], env: Record<string, string | undefined>, onStdout?: (text: string, child: ReturnType<typeof spawn>) => void): Promise<Outcome> {
   const [script, ...args] = Array.isArray(command) ? command : [command]
   // The same loaders as this test process (TypeScript, coverage tracking).
   const child = spawn(process.execPath, [...process.execArgv, join(root, script!), ...args], {
     cwd: root,
-    env: { ...process.env, DATABASE_URL: undefined, LOG_LEVEL: 'info', ...env },
+    env: { ...process.env, DATABASE_URL: undefined, LOG_LEVEL: 'info', ...TEST_SERVICE_ENV, ...env },
     stdio: ['ignore', 'pipe', 'pipe']
   })
   let stdout = ''

@@ -2,6 +2,7 @@ import { request as httpRequest, type IncomingMessage } from 'node:http'
 import type { Insertable } from 'kysely'
 import type { EventsTable } from '../../db/schema.js'
 import { json, writer } from './fixtures.js'
+import { LONG_WAIT_MS } from './wait.js'
 
 /*
  * A raw Server-Sent Events client: it keeps every field block it receives,
@@ -42,21 +43,21 @@ export function openStream (baseUrl: string, path: string, headers: Record<strin
         body: '',
         frames: [],
         events: () => stream.frames.filter((frame) => frame.data !== undefined).map((frame) => JSON.parse(frame.data!)),
-        waitFor: (done, timeoutMs = 15_000) => new Promise<void>((resolveWait, rejectWait) => {
-          if (done(stream)) { resolveWait(); return }
+        waitFor: (done, timeoutMs = LONG_WAIT_MS) => new Promise<void>((resolve, reject) => {
+          if (done(stream)) { resolve(); return }
           const check = () => {
             if (!done(stream)) return
             clearTimeout(timer)
             waiters.delete(check)
-            resolveWait()
+            resolve()
           }
           const timer = setTimeout(() => {
             waiters.delete(check)
-            rejectWait(new Error(`timed out after ${timeoutMs} ms; frames: ${JSON.stringify(stream.frames).slice(0, 2000)}`))
+            reject(new Error(`timed out after ${timeoutMs} ms; frames: ${JSON.stringify(stream.frames).slice(0, 2000)}`))
           }, timeoutMs)
           waiters.add(check)
         }),
-        ended: new Promise<void>((resolveEnd) => { endResolve = resolveEnd }),
+        ended: new Promise<void>((resolve) => { endResolve = resolve }),
         close: () => { req.destroy() }
       }
       res.setEncoding('utf8')

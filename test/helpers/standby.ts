@@ -174,7 +174,7 @@ export async function startReplicatedPostgres (t: Test): Promise<ReplicatedPostg
     waitForReplay,
     log: (server) => readFileSync(join(dir, `${server}.log`), 'utf8'),
     detachStandby: async () => {
-      await standby.query(`alter system set primary_conninfo = ''`)
+      await standby.query("alter system set primary_conninfo = ''")
       await standby.query('select pg_reload_conf()')
       for (let i = 0; ; i++) {
         const { rowCount } = await standby.query('select 1 from pg_stat_wal_receiver')

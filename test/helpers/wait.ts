@@ -5,6 +5,16 @@ import { createServer } from 'node:net'
  * benchmarks (bench/common.ts): so nothing here imports tap.
  */
 
+/**
+ * "At once" told apart from "after a wait": a test that checks something
+ * did not wait gives the wait it must not take `LONG_WAIT_MS` (or it would
+ * hang), and asserts an end within `PROMPTLY_MS`, half of that. A stalled,
+ * loaded machine takes seconds where a quiet one takes milliseconds, and
+ * must not fail the check; the wrong behaviour still does.
+ */
+export const LONG_WAIT_MS = 60_000
+export const PROMPTLY_MS = LONG_WAIT_MS / 2
+
 export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
 
 /**
@@ -12,7 +22,7 @@ export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(r
  * waited for. The default is generous: CI shares two cores among parallel
  * test files, and a wait is only long when something is already wrong.
  */
-export async function waitUntil (done: () => boolean | Promise<boolean>, what: string, timeoutMs = 15_000): Promise<void> {
+export async function waitUntil (done: () => boolean | Promise<boolean>, what: string, timeoutMs = 60_000): Promise<void> {
   const deadline = Date.now() + timeoutMs
   while (!await done()) {
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)

@@ -2,7 +2,7 @@ import { PGlite } from '@electric-sql/pglite'
 import { startEmbeddedPostgres } from '../../db/embedded.js'
 
 /*
- * Run by embedded.test.ts under --trace-wasm-code-gc: PGlite instances made,
+ * Run by embedded-processes.test.ts under --trace-wasm-code-gc: PGlite instances made,
  * worked and closed, as a test file does, with (`embedded`) or without
  * (`bare`) the embedded database having started first. V8 prints
  * "[wasm-gc] ..." whenever its Wasm code GC runs.
