@@ -22,7 +22,7 @@ const RETRY_AFTER_SECONDS = 2
 /** How often under-pressure samples the event loop's delay. */
 const SAMPLE_INTERVAL_MS = 250
 
-/** How long after the start event-loop delay sheds nothing: until a whole sample has been taken after it. */
+/** How long after its first request the service sheds nothing for event-loop delay: until a whole sample has been taken after it. */
 export const START_GRACE_MS = 2 * SAMPLE_INTERVAL_MS
 
 /**
@@ -33,12 +33,15 @@ export const START_GRACE_MS = 2 * SAMPLE_INTERVAL_MS
  *
  * The samples taken while the application starts measure its loading (on a
  * busy machine, seconds of compiling), not load: event-loop delay sheds
- * nothing until a whole sample has been taken after it is ready.
+ * nothing until a whole sample has been taken after the first request. The
+ * start ends when the service first answers (a healthcheck, usually), not at
+ * an `onReady` hook of its own, which later hooks can outlast.
  */
 export default fp(async function underPressurePlugin (app) {
   const { MAX_EVENT_LOOP_DELAY_MS, MAX_HEAP_USED_BYTES, MAX_RSS_BYTES } = app.config
-  let measuresLoadFrom = Infinity
-  app.addHook('onReady', async () => { measuresLoadFrom = performance.now() + START_GRACE_MS })
+  let measuresLoadFrom: number | undefined
+  // Before under-pressure's own hook, so that it runs first.
+  app.addHook('onRequest', (_request, _reply, done) => { measuresLoadFrom ??= performance.now() + START_GRACE_MS; done() })
   await app.register(underPressure, {
     maxEventLoopDelay: MAX_EVENT_LOOP_DELAY_MS,
     maxHeapUsedBytes: MAX_HEAP_USED_BYTES || Math.floor(getHeapStatistics().heap_size_limit * 0.9),
@@ -48,7 +51,7 @@ export default fp(async function underPressurePlugin (app) {
     // handler, which answers with the envelope.
     pressureHandler: async (request, reply, type, value) => {
       if (ALWAYS_ANSWERED.has(request.url.split('?', 1)[0]!)) return
-      if (type === TYPE_EVENT_LOOP_DELAY && (performance.now() < measuresLoadFrom || isLongPoll(request))) return
+      if (type === TYPE_EVENT_LOOP_DELAY && (performance.now() < measuresLoadFrom! || isLongPoll(request))) return
       request.log.warn({ type, value }, 'shedding load')
       reply.header('retry-after', RETRY_AFTER_SECONDS)
       throw overloaded
