@@ -37,7 +37,7 @@ const statusWithHost = (url: string, host: string) => new Promise<number>((resol
 const RESUME_TARGET_MS = 15_000
 
 t.test('the compose deployment: replicas and Postgres killed under open streams, down and up', async (t) => {
-  const { description, compose, scale, docker, containerOf, metricsOf, psql, database, password, api, lb, ...stack } = await composeStack('ocp-compose')
+  const { description, compose, scale, docker, containerOf, kill, metricsOf, psql, database, password, api, lb, ...stack } = await composeStack('ocp-compose')
   t.teardown(() => { scale('down', '-v', '--remove-orphans') })
   t.comment(description)
   const healthy = async (services: string[]) => {
@@ -140,7 +140,7 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
 
   // 2 of 3 replicas die.
   const killedAt = Date.now()
-  docker('kill', containerOf('api-2'), containerOf('api-3'))
+  await kill('api-2', 'api-3')
   const resumedWithin = async () => {
     const marks = streams.map((stream) => stream.ids.length)
     await waitUntil(() => streams.every((stream, i) => stream.at.slice(marks[i]).some((at) => at > killedAt + 500)), 'every stream delivering again', 60_000)
@@ -154,7 +154,7 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
   await healthy(['api-2', 'api-3'])
 
   // Postgres dies and comes back.
-  docker('kill', containerOf('postgres'))
+  await kill('postgres')
   await sleep(3000)
   compose('up', '-d', 'postgres')
   await healthy(['postgres'])
@@ -181,7 +181,7 @@ t.test('the compose deployment: replicas and Postgres killed under open streams,
   t.pass('no stream left open on any replica')
 
   // A stopped database never corrupts the volume: kill it, down, up.
-  docker('kill', containerOf('postgres'))
+  await kill('postgres')
   scale('down')
   scale('up', '-d')
   await healthy(['postgres', 'api', 'api-2', 'api-3'])

@@ -32,6 +32,8 @@ export interface ComposeStack {
   scale: (...args: string[]) => string
   docker: (...args: string[]) => string
   containerOf: (service: string) => string
+  /** `docker kill` of the services' containers; resolves once none runs. */
+  kill: (...services: string[]) => Promise<void>
   /** Waits until every service's healthcheck says healthy; how long it took (ms). */
   healthy: (services: string[], timeoutMs?: number) => Promise<number>
   /** A replica's /metrics, read inside its container (only the default replica publishes a port). */
@@ -61,17 +63,36 @@ export async function composeStack (name: string): Promise<ComposeStack> {
   const compose = (...args: string[]) => execFileSync(cli!, [...cliArgs, '-f', join(root, 'docker-compose.yml'), ...args], { cwd: root, env, stdio: 'pipe' }).toString()
   const docker = (...args: string[]) => execFileSync('docker', args, { stdio: 'pipe', maxBuffer: 64 * 1024 * 1024 }).toString().trim()
   const containerOf = (service: string) => compose('ps', '-q', service).trim()
+  const isRunning = (id: string) => docker('inspect', '-f', '{{.State.Running}}', id) === 'true'
   return {
     description: `${cli} ${cliArgs.join(' ')}, project ${project}, ports ${JSON.stringify(ports)}`,
     compose,
     scale: (...args) => compose('--profile', 'scale', ...args),
     docker,
     containerOf,
+    kill: async (...services) => {
+      const ids = services.map(containerOf)
+      // The daemon sends the kill but waits only 10 s for the exit, then
+      // answers with an error (a loaded machine can take longer): what
+      // counts is that the containers stop.
+      let answered: unknown
+      try {
+        docker('kill', ...ids)
+      } catch (error) {
+        answered = error
+      }
+      await waitUntil(() => !ids.some(isRunning), `${services.join(', ')} to stop after docker kill`).catch((error) => { throw answered ?? error })
+    },
     healthy: async (services, timeoutMs = 120_000) => {
       const started = Date.now()
       await waitUntil(() => services.every((service) => {
         const id = containerOf(service)
-        return id !== '' && docker('inspect', '-f', '{{.State.Health.Status}}', id) === 'healthy'
+        // A container that compose replaces between ps and inspect is not healthy yet.
+        try {
+          return id !== '' && docker('inspect', '-f', '{{.State.Health.Status}}', id) === 'healthy'
+        } catch {
+          return false
+        }
       }), `${services.join(', ')} healthy`, timeoutMs)
       return Date.now() - started
     },
