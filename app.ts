@@ -26,8 +26,15 @@ if (import.meta.url.endsWith('.ts')) process.env.FASTIFY_AUTOLOAD_TYPESCRIPT ??=
 
 const malformedRequestBody = JSON.stringify(badRequest('malformed HTTP request').toBody())
 
-/** How long a plugin may take to start before the start fails naming it. */
+/** How long a plugin may take to start, besides its connection checks, before the start fails naming it. */
 export const PLUGIN_TIMEOUT_MS = 120_000
+
+/**
+ * A plugin's whole allowance: the database plugin may check two servers at
+ * start (is it a hot standby?), each check bounded by DB_CONNECT_TIMEOUT_MS,
+ * which may be set past PLUGIN_TIMEOUT_MS alone; they answer first.
+ */
+export const pluginTimeoutOf = (config: Pick<Config, 'DB_CONNECT_TIMEOUT_MS'>) => PLUGIN_TIMEOUT_MS + 2 * config.DB_CONNECT_TIMEOUT_MS
 
 export interface BuildOptions {
   logger?: FastifyServerOptions['logger']
@@ -71,7 +78,7 @@ export async function buildApp (config: Config, options: BuildOptions = {}): Pro
     // embedded database's start, or two connection checks, can take on a
     // busy host: each plugin's waits have limits of their own
     // (DB_CONNECT_TIMEOUT_MS), and this one only names a plugin that hangs.
-    pluginTimeout: PLUGIN_TIMEOUT_MS,
+    pluginTimeout: pluginTimeoutOf(config),
     // Slow or silent clients: the whole request must arrive within
     // REQUEST_TIMEOUT_MS, and a socket silent both ways for
     // CONNECTION_TIMEOUT_MS is closed (an idle event stream writes a

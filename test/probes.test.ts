@@ -1,5 +1,5 @@
 import t from 'tap'
-import { PLUGIN_TIMEOUT_MS } from '../app.js'
+import { PLUGIN_TIMEOUT_MS, pluginTimeoutOf } from '../app.js'
 import { build } from './helpers/app.js'
 
 // Liveness and readiness probes, polled every few seconds, are logged at debug (plugins/app/request-log.ts).
@@ -21,6 +21,9 @@ t.test('at info, probes write no line; an unknown route is logged as unmatched',
 
 t.test('a plugin may take PLUGIN_TIMEOUT_MS to start, not Fastify\'s 10 s, which the embedded database can pass on a busy host', async (t) => {
   const app = await build(t)
-  t.equal(app.initialConfig.pluginTimeout, PLUGIN_TIMEOUT_MS)
+  t.equal(app.initialConfig.pluginTimeout, pluginTimeoutOf(app.config))
   t.ok(PLUGIN_TIMEOUT_MS >= 60_000)
+  // Its two connection checks at start, however long DB_CONNECT_TIMEOUT_MS allows each, answer before it.
+  const slowConnects = await build(t, { DB_CONNECT_TIMEOUT_MS: 300_000 })
+  t.ok(slowConnects.initialConfig.pluginTimeout! > 2 * 300_000, 'longer than two of the longest connection checks')
 })
