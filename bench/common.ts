@@ -9,9 +9,13 @@ import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import { migrateToLatest } from '../db/migrate.js'
 import { seed } from '../db/seed.js'
+import { TEST_SERVICE_ENV } from '../test/helpers/run.js'
 import { freePort, sleep, withDatabase } from '../test/helpers/wait.js'
 
 export { freePort, sleep, withDatabase }
+
+/** The settings every service a benchmark starts runs with: the tests' (no load shedding). */
+export const BENCH_SERVICE_ENV = TEST_SERVICE_ENV
 
 export const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 
@@ -163,9 +167,7 @@ export async function startBuiltService (databaseUrl: string, env: Record<string
   const port = await freePort()
   const child = spawn(process.execPath, [join(root, 'dist/server.js')], {
     cwd: root,
-    // No load shedding (MAX_EVENT_LOOP_DELAY_MS 0): the benches measure answers, and on a busy machine
-    // the service's 503s under event-loop delay failed them.
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'info', LOG_FORMAT: 'json', MAX_EVENT_LOOP_DELAY_MS: '0', ...env },
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'info', LOG_FORMAT: 'json', ...BENCH_SERVICE_ENV, ...env },
     stdio: ['ignore', 'ignore', 'inherit']
   })
   const url = `http://127.0.0.1:${port}`

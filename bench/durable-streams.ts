@@ -29,7 +29,7 @@ import { Agent, request } from 'node:http'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl as serverUrl, freePort, root, sleep, untilAnswering, withDatabase } from './common.js'
+import { adminUrl as serverUrl, BENCH_SERVICE_ENV, freePort, root, sleep, untilAnswering, withDatabase } from './common.js'
 import { ask, breakdown, medianRssKb, pausesLine, rssKb, serviceArgs, startFlags } from './probe.js'
 
 const { values: args } = parseArgs({
@@ -63,7 +63,7 @@ const runId = (i: number) => `bench-ds-${i % runs}`
 async function startService (port: number): Promise<ChildProcess> {
   const child = spawn(process.execPath, serviceArgs(args.entry, serviceFlags), {
     cwd: root,
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', MAX_EVENT_LOOP_DELAY_MS: '0', SSE_MAX_STREAMS: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', ...BENCH_SERVICE_ENV, SSE_MAX_STREAMS: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc']
   })
   await untilAnswering(child, `http://127.0.0.1:${port}/ready`, 'the service')

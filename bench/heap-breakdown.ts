@@ -20,7 +20,7 @@ import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl, freePort, root, sleep, withDatabase } from './common.js'
+import { adminUrl, BENCH_SERVICE_ENV, freePort, root, sleep, withDatabase } from './common.js'
 import { ask, breakdown, medianRssKb, rssKb, serviceArgs, startFlags, type ProbeReport } from './probe.js'
 
 const { values: args } = parseArgs({
@@ -106,7 +106,7 @@ async function main () {
   const port = await freePort()
   const service: ChildProcess = spawn(process.execPath, serviceArgs(args.entry, args['service-flags']), {
     cwd: root,
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', MAX_EVENT_LOOP_DELAY_MS: '0', SSE_MAX_STREAMS: '1000000', SSE_MAX_STREAMS_PER_CALLER: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', MIGRATE_ON_START: 'false', ...BENCH_SERVICE_ENV, SSE_MAX_STREAMS: '1000000', SSE_MAX_STREAMS_PER_CALLER: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS: '1000000', DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER: '1000000' },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc']
   })
   for (let attempt = 0; ; attempt++) {

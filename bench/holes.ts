@@ -31,7 +31,7 @@ import pg from 'pg'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
 import { EventSource } from 'eventsource'
-import { gitDescription, migratedDatabase, sleep, withDatabase } from './common.js'
+import { BENCH_SERVICE_ENV, gitDescription, migratedDatabase, sleep, withDatabase } from './common.js'
 import { migrateToLatest } from '../db/migrate.js'
 import type { Test } from 'tap'
 import { standbySkipReason, startReplicatedPostgres } from '../test/helpers/standby.js'
@@ -100,7 +100,7 @@ async function measuredStream (base: string, url: string, where: string) {
 /** The existing modes: quiet, then 8 writers committing in a loop; the service's defaults. */
 async function shortWriters (): Promise<void> {
   const url = await migratedDatabase(DATABASE)
-  const app = await buildApp(loadConfig({ DATABASE_URL: url, LOG_LEVEL: 'silent', MAX_EVENT_LOOP_DELAY_MS: '0', MIGRATE_ON_START: 'false' }))
+  const app = await buildApp(loadConfig({ DATABASE_URL: url, LOG_LEVEL: 'silent', ...BENCH_SERVICE_ENV, MIGRATE_ON_START: 'false' }))
   await app.listen({ port: 0, host: '127.0.0.1' })
   const base = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
   const measured = await measuredStream(base, url, 'bench:holes')
@@ -174,7 +174,7 @@ async function overlapCase (where: string, url: string, readUrl: string | undefi
     ...(readUrl === undefined ? {} : { DATABASE_READ_URL: readUrl }),
     EVENTS_KEEPER_INTERVAL_MS: String(KEEPER_INTERVAL_MS),
     LOG_LEVEL: 'silent',
-    MAX_EVENT_LOOP_DELAY_MS: '0',
+    ...BENCH_SERVICE_ENV,
     MIGRATE_ON_START: 'false'
   })
   const app = await buildApp(config)

@@ -22,7 +22,7 @@ import { performance } from 'node:perf_hooks'
 import pg from 'pg'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
-import { formatInt, gitDescription, median, migratedDatabase, sleep } from './common.js'
+import { BENCH_SERVICE_ENV, formatInt, gitDescription, median, migratedDatabase, sleep } from './common.js'
 
 const { values: args } = parseArgs({
   options: {
@@ -66,7 +66,7 @@ async function history (name: string, events: number): Promise<{ url: string, to
 }
 
 async function serve (url: string) {
-  const config = loadConfig({ DATABASE_URL: url, LOG_LEVEL: 'silent', MAX_EVENT_LOOP_DELAY_MS: '0', MIGRATE_ON_START: 'false' })
+  const config = loadConfig({ DATABASE_URL: url, LOG_LEVEL: 'silent', ...BENCH_SERVICE_ENV, MIGRATE_ON_START: 'false' })
   const app = await buildApp(config)
   await app.listen({ port: 0, host: '127.0.0.1' })
   return { app, base: `http://127.0.0.1:${(app.server.address() as { port: number }).port}` }

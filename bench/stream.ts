@@ -55,7 +55,7 @@ import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
 import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl, freePort, root, sleep, untilAnswering, withDatabase } from './common.js'
+import { adminUrl, BENCH_SERVICE_ENV, freePort, root, sleep, untilAnswering, withDatabase } from './common.js'
 import { ask, breakdown, medianRssKb, pausesLine, PROBE, rssKb, serviceArgs, startFlags, type ProbeReport } from './probe.js'
 
 const { values: args } = parseArgs({
@@ -117,8 +117,8 @@ async function startService (port: number, wakeup: string): Promise<ChildProcess
       MIGRATE_ON_START: 'false',
       EVENTS_POLL_INTERVAL_MS: String(pollMs),
       EVENTS_WAKEUP: wakeup,
-      // Measure delivery, not admission: the service sheds new streams under event-loop delay and caps them at 10,000 by default, a quarter of that for one caller (this one client).
-      MAX_EVENT_LOOP_DELAY_MS: '0',
+      // Measure delivery, not admission: the service caps streams at 10,000 by default, a quarter of that for one caller (this one client).
+      ...BENCH_SERVICE_ENV,
       SSE_MAX_STREAMS: '1000000',
       SSE_MAX_STREAMS_PER_CALLER: '1000000'
     },

@@ -29,7 +29,7 @@ import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
 import { createDb } from '../db/pool.js'
 import type { EventsTable, TasksTable } from '../db/schema.js'
-import { gitDescription, median, migratedDatabase, root, sleep } from './common.js'
+import { BENCH_SERVICE_ENV, gitDescription, median, migratedDatabase, root, sleep } from './common.js'
 
 const { values: args } = parseArgs({
   options: {
@@ -180,7 +180,7 @@ async function main () {
   const events = await seed(databaseUrl)
   // No load shedding, as in every bench: Chromium beside the service on a busy machine delays its event loop, and a
   // page answered 503 never draws.
-  const app = await buildApp(loadConfig({ DATABASE_URL: databaseUrl, LOG_LEVEL: 'warn', LOG_FORMAT: 'json', MAX_EVENT_LOOP_DELAY_MS: '0' }))
+  const app = await buildApp(loadConfig({ DATABASE_URL: databaseUrl, LOG_LEVEL: 'warn', LOG_FORMAT: 'json', ...BENCH_SERVICE_ENV }))
   await app.listen({ port: 0, host: '127.0.0.1' })
   const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
   const browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run', '--disable-sync'] })

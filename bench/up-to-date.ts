@@ -22,7 +22,7 @@ import { performance } from 'node:perf_hooks'
 import pg from 'pg'
 import { buildApp } from '../app.js'
 import { loadConfig } from '../config.js'
-import { gitDescription, migratedDatabase, sleep } from './common.js'
+import { BENCH_SERVICE_ENV, gitDescription, migratedDatabase, sleep } from './common.js'
 
 const { values: args } = parseArgs({
   options: {
@@ -49,7 +49,7 @@ if (args.url !== undefined) {
   base = args.url
 } else {
   url = await migratedDatabase(DATABASE)
-  const app = await buildApp(loadConfig({ DATABASE_URL: url, LOG_LEVEL: 'silent', MAX_EVENT_LOOP_DELAY_MS: '0', MIGRATE_ON_START: 'false' }))
+  const app = await buildApp(loadConfig({ DATABASE_URL: url, LOG_LEVEL: 'silent', ...BENCH_SERVICE_ENV, MIGRATE_ON_START: 'false' }))
   await app.listen({ port: 0, host: '127.0.0.1' })
   base = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`
   close = () => app.close()

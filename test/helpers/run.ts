@@ -10,10 +10,10 @@ export const root = join(dirname(fileURLToPath(import.meta.url)), '../..')
 export interface Outcome { code: number | null, stdout: string, stderr: string }
 
 /**
- * Settings of every service a test starts, in process (testConfig) or as a
- * child: no load shedding on event-loop delay, for test files run in
- * parallel, and on a busy CI machine they lag (operations.test.ts tests
- * shedding itself).
+ * Settings of every service a test or a benchmark starts, in process or as
+ * a child: no load shedding on event-loop delay, for test files run in
+ * parallel, and on a busy CI machine they lag, and benchmarks measure
+ * answers, not 503s (operations.test.ts tests shedding itself).
  */
 export const TEST_SERVICE_ENV = { MAX_EVENT_LOOP_DELAY_MS: '0' } as const
 
