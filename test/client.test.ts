@@ -208,11 +208,13 @@ t.test('watch without a cursor starts from now, and still resumes from there', a
 })
 
 t.test('watch: a 410 cursor_expired throws CursorExpired; a refusal that retrying cannot fix throws ApiError', async (t) => {
-  const { url } = await serve(t, { API_TOKENS: 'tok' })
+  const { app, url } = await serve(t, { API_TOKENS: 'tok' })
   const db = await writer()
   const [old, newer] = await insertEvents({ run_id: 'run-c1' }, { run_id: 'run-c1' })
   await sql`update event_log_state set history_floor = ${newer!}`.execute(db)
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
+  // The window of recent events must learn the floor (on a poll after it holds `newer`), else it would serve `old`.
+  await waitUntil(() => (app.events.hub.window?.from ?? 0) >= newer!, 'the window of recent events to learn the floor')
   const expired = await take(createClient({ url, token: 'tok' }).watch({}, { after: old! }), 1).catch((error: unknown) => error)
   t.ok(expired instanceof CursorExpired)
   t.match(expired, { status: 410, code: 'cursor_expired', cursor: old })
