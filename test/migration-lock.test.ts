@@ -2,7 +2,7 @@ import pg from 'pg'
 import t, { type Test } from 'tap'
 import { migrateToLatest } from '../db/migrate.js'
 import { migrations } from '../db/migrations/index.js'
-import { needsServer, serverDatabaseUrl, withAdmin, withDatabase } from './helpers/database.js'
+import { extraDatabaseUrl, needsServer, serverDatabaseUrl, withAdmin } from './helpers/database.js'
 import { waitUntil } from './helpers/wait.js'
 
 /*
@@ -19,18 +19,6 @@ const skip = needsServer('roles are the server\'s, not the embedded database\'s'
 const KYSELY_LOCK_KEY = '3853314791062309107'
 
 const stranger = `ocp_test_lock_stranger_${process.pid}`
-
-/** A fresh, empty database of this file's own. */
-async function emptyDatabase (t: Test, name: string): Promise<string> {
-  const server = await serverDatabaseUrl()
-  const database = `ocp_test_lock_${name}_${process.pid}`
-  await withAdmin(server, async (admin) => {
-    await admin.query(`drop database if exists "${database}" with (force)`)
-    await admin.query(`create database "${database}"`)
-  })
-  t.teardown(() => withAdmin(server, (admin) => admin.query(`drop database if exists "${database}" with (force)`)))
-  return withDatabase(server, database)
-}
 
 async function connect (t: Test, url: string): Promise<pg.Client> {
   const client = new pg.Client({ connectionString: url })
@@ -56,7 +44,7 @@ async function appliedCounts (url: string): Promise<Record<string, number>> {
 const once = Object.fromEntries(Object.keys(migrations).map((name) => [name, 1]))
 
 t.test('a login with no grants holding Kysely\'s advisory lock stalls no migration', { skip }, async (t) => {
-  const url = await emptyDatabase(t, 'stranger')
+  const url = await extraDatabaseUrl('stranger')
   const server = await serverDatabaseUrl()
   await withAdmin(server, async (admin) => {
     await admin.query(`drop role if exists ${stranger}`)
@@ -77,14 +65,14 @@ t.test('a login with no grants holding Kysely\'s advisory lock stalls no migrati
 })
 
 t.test('two migrations at once take turns: both succeed, each migration applied once', { skip }, async (t) => {
-  const url = await emptyDatabase(t, 'together')
+  const url = await extraDatabaseUrl('together')
   const [first, second] = await Promise.all([migrateToLatest(url), migrateToLatest(url)])
   t.same([...first!.applied, ...second!.applied], Object.keys(migrations), 'one applied them all, the other none')
   t.same(await appliedCounts(url), once)
 })
 
 t.test('the lock\'s tables made by another at the same moment: the migration goes on', { skip }, async (t) => {
-  const url = await emptyDatabase(t, 'race')
+  const url = await extraDatabaseUrl('race')
   // Another replica's `create table` of the lock table, not yet committed: this one's waits, then fails on its commit.
   const other = await connect(t, url)
   await other.query('begin')
@@ -97,7 +85,7 @@ t.test('the lock\'s tables made by another at the same moment: the migration goe
 })
 
 t.test('the row lock held: a migration waits for it, then runs', { skip }, async (t) => {
-  const url = await emptyDatabase(t, 'wait')
+  const url = await extraDatabaseUrl('wait')
   await migrateToLatest(url)
   const holder = await connect(t, url)
   await holder.query('begin')

@@ -1,7 +1,7 @@
-import t, { type Test } from 'tap'
+import t from 'tap'
 import { migrateToLatest } from '../db/migrate.js'
 import { migrations } from '../db/migrations/index.js'
-import { serverDatabaseUrl, withAdmin, withDatabase } from './helpers/database.js'
+import { extraDatabaseUrl, withAdmin } from './helpers/database.js'
 import { runScript, type Outcome } from './helpers/run.js'
 
 /*
@@ -20,15 +20,8 @@ const names = Object.keys(migrations)
 const NEWER = '9999_from_a_newer_version'
 
 /** A fresh database of this file's own, migrated by this version. */
-async function migratedDatabase (t: Test, name: string): Promise<string> {
-  const server = await serverDatabaseUrl()
-  const database = `ocp_test_newer_${name}_${process.pid}`
-  await withAdmin(server, async (admin) => {
-    await admin.query(`drop database if exists "${database}" with (force)`)
-    await admin.query(`create database "${database}"`)
-  })
-  t.teardown(() => withAdmin(server, (admin) => admin.query(`drop database if exists "${database}" with (force)`)))
-  const url = withDatabase(server, database)
+async function migratedDatabase (name: string): Promise<string> {
+  const url = await extraDatabaseUrl(name)
   await migrateToLatest(url)
   return url
 }
@@ -65,7 +58,7 @@ async function serve (url: string, env: Record<string, string>, use?: (base: str
 const warnings = (stdout: string) => stdout.split('\n').filter((line) => line.includes('"level":40'))
 
 t.test('a database a newer version migrated: migrateToLatest leaves it, naming its migrations', async (t) => {
-  const url = await migratedDatabase(t, 'fn')
+  const url = await migratedDatabase('fn')
   await migrateAsNewerVersion(url)
   t.same(await migrateToLatest(url), { applied: [], newer: [NEWER] })
   await withAdmin(url, (client) => client.query('delete from kysely_migration where name = $1', [names.at(-1)]))
@@ -75,7 +68,7 @@ t.test('a database a newer version migrated: migrateToLatest leaves it, naming i
 
 for (const migrateOnStart of ['true', 'false']) {
   t.test(`MIGRATE_ON_START=${migrateOnStart} on a database a newer version migrated: it serves, saying so once`, async (t) => {
-    const url = await migratedDatabase(t, `serve_${migrateOnStart}`)
+    const url = await migratedDatabase(`serve_${migrateOnStart}`)
     await migrateAsNewerVersion(url)
     const outcome = await serve(url, { MIGRATE_ON_START: migrateOnStart }, async (base) => {
       const runs = await fetch(`${base}/api/runs`)
@@ -92,7 +85,7 @@ for (const migrateOnStart of ['true', 'false']) {
 }
 
 t.test('a fork of the migrations is refused at start, with MIGRATE_ON_START or without', async (t) => {
-  const url = await migratedDatabase(t, 'fork')
+  const url = await migratedDatabase('fork')
   // A migration of another line, named among this version's own.
   const among = `${names.at(-2)}_other_line`
   await migrateAsNewerVersion(url, among)
@@ -104,7 +97,7 @@ t.test('a fork of the migrations is refused at start, with MIGRATE_ON_START or w
 })
 
 t.test('npm run migrate on a database a newer version migrated: nothing to do, saying why', async (t) => {
-  const url = await migratedDatabase(t, 'cli')
+  const url = await migratedDatabase('cli')
   await migrateAsNewerVersion(url)
   await migrateAsNewerVersion(url, `${NEWER}_again`)
   const outcome = await runScript('db/migrate.ts', { DATABASE_URL: url })

@@ -1,10 +1,10 @@
 import pg from 'pg'
-import t, { type Test } from 'tap'
+import t from 'tap'
 import { Kysely, PostgresDialect, sql } from 'kysely'
 import { Migrator } from 'kysely/migration'
 import { migrateToLatest } from '../db/migrate.js'
 import { migrations } from '../db/migrations/index.js'
-import { serverDatabaseUrl, testPool, withAdmin, withDatabase } from './helpers/database.js'
+import { extraDatabaseUrl, testPool } from './helpers/database.js'
 import { runScript as run } from './helpers/run.js'
 import { openStream } from './helpers/sse.js'
 import { LONG_WAIT_MS, PROMPTLY_MS } from './helpers/wait.js'
@@ -14,27 +14,15 @@ import { createServer } from 'node:net'
 
 // The two entry points as a user runs them: the server and `npm run migrate`.
 
-/** A fresh, empty database for the entry points to migrate. */
-async function emptyDatabase (t: Test, name: string): Promise<string> {
-  const url = await serverDatabaseUrl()
-  const database = `ocp_test_${name}_${process.pid}`
-  await withAdmin(url, async (admin) => {
-    await admin.query(`drop database if exists "${database}" with (force)`)
-    await admin.query(`create database "${database}"`)
-  })
-  t.teardown(() => withAdmin(url, (admin) => admin.query(`drop database if exists "${database}" with (force)`)))
-  return withDatabase(url, database)
-}
-
 t.test('migrateToLatest applies pending migrations once', async (t) => {
-  const url = await emptyDatabase(t, 'migrate_fn')
+  const url = await extraDatabaseUrl('migrate_fn')
   t.same(await migrateToLatest(url), { applied: Object.keys(migrations) })
   t.same(await migrateToLatest(url), { applied: [] }, 'nothing left to apply')
   await t.rejects(migrateToLatest('postgres://postgres@127.0.0.1:1/none'), /ECONNREFUSED|connect/)
 })
 
 t.test('a failing migration is reported by name, and rolls back', async (t) => {
-  const url = await emptyDatabase(t, 'migrate_fail')
+  const url = await extraDatabaseUrl('migrate_fail')
   const client = new pg.Client({ connectionString: url })
   await client.connect()
   await client.query('create table runs (x int)') // a "runs" that is not ours: 0001 cannot index it
@@ -45,7 +33,7 @@ t.test('a failing migration is reported by name, and rolls back', async (t) => {
 })
 
 t.test('every migration can be rolled back', async (t) => {
-  const url = await emptyDatabase(t, 'migrate_down')
+  const url = await extraDatabaseUrl('migrate_down')
   await migrateToLatest(url)
   const pool = testPool(url, 1)
   const db = new Kysely<unknown>({ dialect: new PostgresDialect({ pool }) })
@@ -62,7 +50,7 @@ t.test('every migration can be rolled back', async (t) => {
 })
 
 t.test('npm run migrate: applies, reports, and fails with the reason', async (t) => {
-  const url = await emptyDatabase(t, 'migrate_cli')
+  const url = await extraDatabaseUrl('migrate_cli')
   // A process starting TypeScript each: the unreachable database's beside the two that take turns.
   const unreachable = run('db/migrate.ts', { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/none' })
   const first = await run('db/migrate.ts', { DATABASE_URL: url })
@@ -96,7 +84,7 @@ t.test('a port in use is named by PORT: npm start says so before it builds, the 
   t.teardown(() => taken.close())
   const { port } = taken.address() as { port: number }
   const inUse = `port ${port} is in use: set PORT to another port\n`
-  const url = await emptyDatabase(t, 'port_in_use')
+  const url = await extraDatabaseUrl('port_in_use')
   // Three processes, side by side; the port stays taken until the test ends. The last is the server
   // itself (the image's command, or a port taken after the check).
   const [started, badSetting, outcome] = await Promise.all([
@@ -120,7 +108,7 @@ t.test('the server exits non-zero when the database is unreachable at start', as
 })
 
 t.test('the server migrates, serves, and stops on SIGTERM', async (t) => {
-  const url = await emptyDatabase(t, 'server')
+  const url = await extraDatabaseUrl('server')
   let checked = false
   // A deprecated setting's name still works, with a warning at start.
   const outcome = await run('server.ts', { DATABASE_URL: url, PORT: '0', HOST: '127.0.0.1', EVENTS_CLOCK_INTERVAL_MS: '500' }, (stdout, child) => {
@@ -142,7 +130,7 @@ t.test('the server migrates, serves, and stops on SIGTERM', async (t) => {
 })
 
 t.test('SIGTERM ends open event streams and exits cleanly within the grace', async (t) => {
-  const url = await emptyDatabase(t, 'sigterm')
+  const url = await extraDatabaseUrl('sigterm')
   await migrateToLatest(url)
   let streamEnded: Promise<void> | undefined
   const started = { at: 0 }
@@ -164,7 +152,7 @@ t.test('SIGTERM ends open event streams and exits cleanly within the grace', asy
 })
 
 t.test('LOG_FORMAT=pretty writes readable lines instead of JSON', async (t) => {
-  const url = await emptyDatabase(t, 'pretty')
+  const url = await extraDatabaseUrl('pretty')
   await migrateToLatest(url)
   let stopped = false
   const outcome = await run('server.ts', { DATABASE_URL: url, PORT: '0', HOST: '127.0.0.1', LOG_FORMAT: 'pretty' }, (stdout, child) => {
@@ -179,7 +167,7 @@ t.test('LOG_FORMAT=pretty writes readable lines instead of JSON', async (t) => {
 })
 
 t.test('a restart on a migrated database finds it up to date', async (t) => {
-  const url = await emptyDatabase(t, 'restart')
+  const url = await extraDatabaseUrl('restart')
   await migrateToLatest(url)
   let listened = false
   const outcome = await run('server.ts', { DATABASE_URL: url, PORT: '0', HOST: '127.0.0.1' }, (stdout, child) => {
@@ -193,7 +181,7 @@ t.test('a restart on a migrated database finds it up to date', async (t) => {
 })
 
 t.test('MIGRATE_ON_START=false leaves the schema alone', async (t) => {
-  const url = await emptyDatabase(t, 'nomigrate')
+  const url = await extraDatabaseUrl('nomigrate')
   let checked = false
   await run('server.ts', { DATABASE_URL: url, PORT: '0', HOST: '127.0.0.1', MIGRATE_ON_START: 'false' }, (stdout, child) => {
     const match = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/.exec(stdout)

@@ -7,7 +7,7 @@ import { promisify } from 'node:util'
 import t, { type Test } from 'tap'
 import { migrateToLatest } from '../db/migrate.js'
 import { migrations } from '../db/migrations/index.js'
-import { needsServer, serverDatabaseUrl, withAdmin, withDatabase } from './helpers/database.js'
+import { extraDatabaseUrl, needsServer, withAdmin } from './helpers/database.js'
 import { root, runScript, TEST_SERVICE_ENV, type Outcome } from './helpers/run.js'
 
 /*
@@ -124,18 +124,6 @@ async function previousRunsAnswer (tree: string, env: Record<string, string>): P
   }
 }
 
-/** A fresh, empty database of this file's own. */
-async function emptyDatabase (t: Test, name: string): Promise<string> {
-  const server = await serverDatabaseUrl()
-  const database = `ocp_test_versions_${name}_${process.pid}`
-  await withAdmin(server, async (admin) => {
-    await admin.query(`drop database if exists "${database}" with (force)`)
-    await admin.query(`create database "${database}"`)
-  })
-  t.teardown(() => withAdmin(server, (admin) => admin.query(`drop database if exists "${database}" with (force)`)))
-  return withDatabase(server, database)
-}
-
 const seedRun = (url: string) => withAdmin(url, (client) => client.query("insert into runs (run_id, goal, status) values ('run-1', 'across versions', 'running')"))
 const served = { runs: [{ run: { run_id: 'run-1', goal: 'across versions' } }] }
 const serverEnv = { PORT: '0', HOST: '127.0.0.1' }
@@ -146,7 +134,7 @@ t.test('the previous version and this one, on each other\'s databases', { skip: 
   const tree = await worktreeOf(t, previous.commit)
 
   await t.test('new on old: this version applies the rest and serves', async (t) => {
-    const url = await emptyDatabase(t, 'new_on_old')
+    const url = await extraDatabaseUrl('new_on_old')
     const migrated = await runPrevious(tree, 'db/migrate.ts', { DATABASE_URL: url })
     t.equal(migrated.code, 0, migrated.stderr)
     await seedRun(url)
@@ -161,7 +149,7 @@ t.test('the previous version and this one, on each other\'s databases', { skip: 
     const skip = migrateOnStart === 'true' && !previous.tolerant &&
       `the previous version (${previous.commit.slice(0, 12)}) predates serving a database a newer version migrated: it refuses one with MIGRATE_ON_START=true`
     await t.test(`old on new, MIGRATE_ON_START=${migrateOnStart}: the previous version serves`, { skip }, async (t) => {
-      const url = await emptyDatabase(t, `old_on_new_${migrateOnStart}`)
+      const url = await extraDatabaseUrl(`old_on_new_${migrateOnStart}`)
       await migrateToLatest(url)
       await seedRun(url)
       const { outcome, status, body } = await previousRunsAnswer(tree, { DATABASE_URL: url, MIGRATE_ON_START: migrateOnStart })
