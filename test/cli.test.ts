@@ -2,7 +2,7 @@ import { sql } from 'kysely'
 import t, { type Test } from 'tap'
 import { EXIT, main, parseDuration, type Io } from '../client/src/ocp-api.js'
 import type { Config } from '../config.js'
-import { serve as serveApp } from './helpers/app.js'
+import { serve as serveApp, untilWindowLearnsFloor } from './helpers/app.js'
 import { createRun } from '../db/writer.js'
 import { insertGraph, makeRun, makeTask, makeAttempt, makeThread, makeMessage, writer } from './helpers/fixtures.js'
 import { insertEvents } from './helpers/sse.js'
@@ -361,8 +361,7 @@ t.test('watch: with --fail-if-missing an unknown run or thread is exit 2; --afte
   const db = await writer()
   await sql`update event_log_state set history_floor = ${gone!}`.execute(db)
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
-  // The window of recent events must learn the floor (on a poll after it holds `gone`), else it would serve it.
-  await waitUntil(() => (app.events.hub.window?.from ?? 0) >= gone!, 'the window of recent events to learn the floor')
+  await untilWindowLearnsFloor(app, gone!)
   const controller = new AbortController()
   const lines: string[] = []
   const watching = main(['watch', '--after', '0', '--json'], { stdout: (text) => lines.push(text), stderr: () => {}, env, color: false, signal: controller.signal })

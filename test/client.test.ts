@@ -9,7 +9,7 @@ import { delay } from '../client/src/client.js'
 import { readSse } from '../client/src/sse.js'
 import type * as Schemas from '../schemas/resources.js'
 import type { Config } from '../config.js'
-import { serve as serveApp } from './helpers/app.js'
+import { serve as serveApp, untilWindowLearnsFloor } from './helpers/app.js'
 import { insertGraph, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
 import { insertEvents, take } from './helpers/sse.js'
 import { freePort, sleep, waitUntil } from './helpers/wait.js'
@@ -213,8 +213,7 @@ t.test('watch: a 410 cursor_expired throws CursorExpired; a refusal that retryin
   const [old, newer] = await insertEvents({ run_id: 'run-c1' }, { run_id: 'run-c1' })
   await sql`update event_log_state set history_floor = ${newer!}`.execute(db)
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
-  // The window of recent events must learn the floor (on a poll after it holds `newer`), else it would serve `old`.
-  await waitUntil(() => (app.events.hub.window?.from ?? 0) >= newer!, 'the window of recent events to learn the floor')
+  await untilWindowLearnsFloor(app, newer!)
   const expired = await take(createClient({ url, token: 'tok' }).watch({}, { after: old! }), 1).catch((error: unknown) => error)
   t.ok(expired instanceof CursorExpired)
   t.match(expired, { status: 410, code: 'cursor_expired', cursor: old })
@@ -362,8 +361,7 @@ t.test('watch({ after: 0 }): from the oldest event kept, never a 410, though ret
   const [gone, kept] = await insertEvents({ run_id: 'run-old' }, { run_id: 'run-old' })
   await sql`update event_log_state set history_floor = ${gone!}`.execute(db)
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
-  // The window of recent events must learn the floor (on a poll after it holds `gone`), else it would serve it.
-  await waitUntil(() => (app.events.hub.window?.from ?? 0) >= gone!, 'the window of recent events to learn the floor')
+  await untilWindowLearnsFloor(app, gone!)
   const client = createClient({ url })
   t.same(await take(client.watch({ run_id: 'run-old' }, { after: 0 }), 1), [kept], 'the oldest kept event of the run')
   // None kept matches: from the position of that read.

@@ -6,7 +6,7 @@ import t, { type Test } from 'tap'
 import { issuersOf, loadConfig } from '../config.js'
 import { loadFixtureFile } from '../db/fixtures.js'
 import { setRunStatus } from '../db/writer.js'
-import { serve } from './helpers/app.js'
+import { serve, untilWindowLearnsFloor } from './helpers/app.js'
 import { codeBlocks, runAsUser, shell, type CodeBlock } from './helpers/docs.js'
 import { writer } from './helpers/fixtures.js'
 import { root } from './helpers/run.js'
@@ -183,7 +183,7 @@ const RUN_HERE: Record<string, (t: Test, block: CodeBlock, services: Services) =
     const db = await writer()
     await sql`update event_log_state set history_floor = ${floor}`.execute(db)
     t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
-    await waitUntil(() => (open.app.events.hub.window?.from ?? 0) >= floor, 'the window of recent events to learn the floor')
+    await untilWindowLearnsFloor(open.app, floor)
     const ran = await shell(command!.slice('$ '.length).replaceAll('localhost:8080', new URL(open.url).host), root, {})
     t.equal(ran.stdout, expected, 'what it answers')
   }

@@ -3,10 +3,9 @@ import { sql } from 'kysely'
 import { Ajv } from 'ajv'
 import addFormats from 'ajv-formats'
 import t, { type Test } from 'tap'
-import { build } from './helpers/app.js'
+import { build, untilWindowLearnsFloor } from './helpers/app.js'
 import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
 import { insertEvents, openStream } from './helpers/sse.js'
-import { waitUntil } from './helpers/wait.js'
 
 // The OpenAPI document: valid, complete against docs/reference.md, "Endpoints", named
 // components, and true: real responses validate against its own schemas.
@@ -175,9 +174,7 @@ t.test('real responses validate against the document\'s own schemas', async (t) 
   const db = await writer()
   await sql`update event_log_state set history_floor = 1`.execute(db)
   t.teardown(() => sql`update event_log_state set history_floor = 0`.execute(db))
-  // Until the hub's next poll, its window of recent events still serves a
-  // catch-up from 0 (it holds every event after it): the stream would be live.
-  await waitUntil(() => (app.events.hub.window?.from ?? 0) >= 1, 'the window of recent events to learn the floor')
+  await untilWindowLearnsFloor(app, 1)
   const expiredPage = await app.inject('/api/events?after_event_id=0')
   t.equal(expiredPage.statusCode, 410)
   check('/api/events', '410', expiredPage.json(), 'GET /api/events?after_event_id=0 (410) matches the document')

@@ -42,6 +42,15 @@ export async function serve (t: Test, overrides: Partial<Config> = {}, port = 0)
 }
 
 /**
+ * Waits until `app`'s window of recent events has learnt a history floor of
+ * at least `floor` (on a poll after it holds the events up to it): until
+ * then it would still serve a catch-up from below it, which it holds whole.
+ */
+export function untilWindowLearnsFloor (app: FastifyInstance, floor: number): Promise<void> {
+  return waitUntil(() => (app.events.hub.window?.from ?? 0) >= floor, 'the window of recent events to learn the floor')
+}
+
+/**
  * Holds `app`'s close where its refusals have begun but its streams have not
  * yet ended (its wake-up slow to stop), until `release`: a request arriving
  * meanwhile, on a connection kept alive from before, reaches the closing
