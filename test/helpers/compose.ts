@@ -60,8 +60,18 @@ export async function composeStack (name: string): Promise<ComposeStack> {
   const password = randomBytes(18).toString('base64url')
   const writerPassword = randomBytes(18).toString('base64url')
   const env = { ...process.env, COMPOSE_PROJECT_NAME: project, POSTGRES_PASSWORD: password, OCP_WRITER_PASSWORD: writerPassword, OCP_READER_PASSWORD: '', DATABASE_READ_URL: '', ...Object.fromEntries(Object.entries(ports).map(([key, port]) => [key, String(port)])) }
-  const compose = (...args: string[]) => execFileSync(cli!, [...cliArgs, '-f', join(root, 'docker-compose.yml'), ...args], { cwd: root, env, stdio: 'pipe' }).toString()
   const docker = (...args: string[]) => execFileSync('docker', args, { stdio: 'pipe', maxBuffer: 64 * 1024 * 1024 }).toString().trim()
+  /** Each container of the stack with its healthcheck's last answers: what a failed `up` is read with. */
+  const healthOfEach = () => docker('ps', '-aq', '--filter', `label=com.docker.compose.project=${project}`).split('\n').filter(Boolean)
+    .map((id) => docker('inspect', '-f', '{{.Name}} {{.State.Status}} {{json .State.Health}}', id)).join('\n')
+  const compose = (...args: string[]) => {
+    try {
+      return execFileSync(cli!, [...cliArgs, '-f', join(root, 'docker-compose.yml'), ...args], { cwd: root, env, stdio: 'pipe' }).toString()
+    } catch (error) {
+      if (error instanceof Error && /unhealthy/.test(error.message)) error.message += `\nthe containers:\n${healthOfEach()}`
+      throw error
+    }
+  }
   const containerOf = (service: string) => compose('ps', '-q', service).trim()
   const isRunning = (id: string) => docker('inspect', '-f', '{{.State.Running}}', id) === 'true'
   return {
