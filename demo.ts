@@ -53,8 +53,12 @@ export class DemoOrchestrator {
   readonly #runs: DemoRun[] = []
   #sequence = 0
   readonly #prefix: string
+  readonly db: Writer
+  readonly random: () => number
 
-  constructor (readonly db: Writer, readonly random: () => number = Math.random, prefix = Date.now().toString(36)) {
+  constructor (db: Writer, random: () => number = Math.random, prefix = Date.now().toString(36)) {
+    this.db = db
+    this.random = random
     this.#prefix = prefix
   }
 

@@ -24,10 +24,12 @@ export interface ErrorBody {
 
 export class ApiError extends Error {
   override name = 'ApiError'
+  readonly code: ErrorCode
   readonly statusCode: number
 
-  constructor (readonly code: ErrorCode, message: string, statusCode: number = ErrorCodes[code]) {
+  constructor (code: ErrorCode, message: string, statusCode: number = ErrorCodes[code]) {
     super(message)
+    this.code = code
     this.statusCode = statusCode
   }
 
@@ -75,11 +77,16 @@ const LIMITED = {
  * back after Retry-After, or, on a stream, its `retry:`.
  */
 export class LimitRefusal extends ApiError {
-  constructor (readonly kind: LimitedKind, readonly reason: LimitReason, limit: number) {
+  readonly kind: LimitedKind
+  readonly reason: LimitReason
+
+  constructor (kind: LimitedKind, reason: LimitReason, limit: number) {
     const { what, setting } = LIMITED[kind]
     super(reason === 'instance' ? 'unavailable' : 'too_many_requests', reason === 'instance'
       ? `this instance already serves ${limit} ${what}, retry shortly or on another instance`
       : `this caller already holds ${limit} ${what} on this instance (its share, ${setting}): end one, or retry shortly`)
+    this.kind = kind
+    this.reason = reason
   }
 }
 
@@ -162,9 +169,16 @@ export interface PositionErrors {
 
 /** An event id's `beyond` error: it keeps the name, the position and the last id it was built from. */
 export class EventIdBeyondError extends ApiError {
-  constructor (readonly eventIdName: string, readonly position: number, readonly last: number) {
+  readonly eventIdName: string
+  readonly position: number
+  readonly last: number
+
+  constructor (eventIdName: string, position: number, last: number) {
     super('bad_request', `${eventIdName} ${position} is beyond the last event_id handed out (${last}): resume from an event_id or X-Event-Cursor this ` +
       'service sent')
+    this.eventIdName = eventIdName
+    this.position = position
+    this.last = last
   }
 }
 

@@ -132,7 +132,12 @@ class Connection {
   /** Its named prepared statements, as named in the session, to deallocate when it goes. */
   readonly prepared = new Set<string>()
 
-  constructor (readonly socket: Socket, readonly bridge: Bridge) {
+  readonly socket: Socket
+  readonly bridge: Bridge
+
+  constructor (socket: Socket, bridge: Bridge) {
+    this.socket = socket
+    this.bridge = bridge
     socket.setNoDelay(true)
     socket.on('data', (data) => this.#receive(data))
     socket.on('error', () => { this.close() })

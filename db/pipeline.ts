@@ -89,12 +89,20 @@ export class PipelinedConnections {
   /** Looks for idle connections to close while any is open. */
   #sweeper: NodeJS.Timeout | undefined
 
+  readonly config: pg.ClientConfig
+  readonly size: number
+  readonly idleMs: number
+
   /**
    * `config` as a pooled connection's (db/pool.ts); at most `size`
    * connections, each closed once idle for `idleMs`, as the pool closes
    * its own, so that a replica past its busy hour gives them back.
    */
-  constructor (readonly config: pg.ClientConfig, readonly size: number, readonly idleMs: number) {}
+  constructor (config: pg.ClientConfig, size: number, idleMs: number) {
+    this.config = config
+    this.size = size
+    this.idleMs = idleMs
+  }
 
   /** Connections open or opening. */
   get openCount (): number {

@@ -18,8 +18,11 @@ export interface ReadPoolOptions {
 
 /** The read pool, and the pipelined connections (if any) that the API's one-statement reads go to (db/statement.ts). */
 export class ReadPool extends pg.Pool {
-  constructor (config: pg.PoolConfig, readonly pipeline?: PipelinedConnections) {
+  readonly pipeline: PipelinedConnections | undefined
+
+  constructor (config: pg.PoolConfig, pipeline?: PipelinedConnections) {
     super(config)
+    this.pipeline = pipeline
   }
 
   /** Ends the pipelined connections with the pool. */

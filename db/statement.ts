@@ -93,7 +93,10 @@ class Gathering {
   /** The pool's pipelined connections, which take a turn's reads as one batch. */
   readonly #pipeline: PipelinedConnections | undefined
 
-  constructor (readonly pool: pg.Pool) {
+  readonly pool: pg.Pool
+
+  constructor (pool: pg.Pool) {
+    this.pool = pool
     this.#pipeline = pool instanceof ReadPool ? pool.pipeline : undefined
   }
 

@@ -127,7 +127,13 @@ export class EventHub {
   /** Reads waiting for the tail to pass a position (tailPast). */
   readonly #tailWaits = new Set<{ position: number, resolve: () => void }>()
 
-  constructor (readonly db: Db, readonly options: HubOptions) {}
+  readonly db: Db
+  readonly options: HubOptions
+
+  constructor (db: Db, options: HubOptions) {
+    this.db = db
+    this.options = options
+  }
 
   /** The window of recent events (undefined before the first read). */
   get window (): EventWindow | undefined {

@@ -20,7 +20,13 @@ export class CallerSlots {
   #total = 0
   readonly refused = { instance: 0, caller: 0 }
 
-  constructor (readonly kind: LimitedKind, readonly limit: Limit) {}
+  readonly kind: LimitedKind
+  readonly limit: Limit
+
+  constructor (kind: LimitedKind, limit: Limit) {
+    this.kind = kind
+    this.limit = limit
+  }
 
   /** Slots held, over every caller. */
   get total (): number {

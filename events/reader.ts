@@ -37,7 +37,13 @@ export class EventReader {
   /** Catch-ups served from the window and from the table, since start (a metric). */
   readonly catchUps = { memory: 0, database: 0 }
 
-  constructor (private readonly db: Db, private readonly hub: EventHub) {}
+  private readonly db: Db
+  private readonly hub: EventHub
+
+  constructor (db: Db, hub: EventHub) {
+    this.db = db
+    this.hub = hub
+  }
 
   /**
    * Up to `limit` events after `afterId` matching `filter`, from memory,

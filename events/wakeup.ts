@@ -102,7 +102,10 @@ export class WalWakeup {
   readonly #retryMinMs: number
   readonly #retryMaxMs: number
 
-  constructor (readonly options: WalWakeupOptions) {
+  readonly options: WalWakeupOptions
+
+  constructor (options: WalWakeupOptions) {
+    this.options = options
     this.#retryMinMs = options.retryMinMs ?? 500
     this.#retryMaxMs = options.retryMaxMs ?? 30_000
     this.#retryMs = this.#retryMinMs

@@ -28,9 +28,11 @@ export class EventWindow {
   #bytes = 0
   #from: number
   #tail: number
+  readonly maxBytes: number
 
   /** An empty window at position `tail`, holding at most `maxBytes` (0: none at all). */
-  constructor (tail: number, readonly maxBytes: number) {
+  constructor (tail: number, maxBytes: number) {
+    this.maxBytes = maxBytes
     this.#from = tail
     this.#tail = tail
   }

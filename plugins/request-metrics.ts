@@ -25,7 +25,11 @@ interface AnswerSeries {
 /** The answers of one route, by method and status (a few of each: a list beats a map). */
 export class RouteAnswers {
   readonly series: AnswerSeries[] = []
-  constructor (readonly route: string) {}
+  readonly route: string
+
+  constructor (route: string) {
+    this.route = route
+  }
 
   count (method: string, status: number, seconds: number): void {
     let series: AnswerSeries | undefined

@@ -125,7 +125,11 @@ ${COMMON}`
 type Command = keyof typeof USAGE
 
 class UsageError extends Error {
-  constructor (message: string, readonly command: Command) { super(message) }
+  readonly command: Command
+  constructor (message: string, command: Command) {
+    super(message)
+    this.command = command
+  }
 }
 
 const common = {

@@ -96,7 +96,10 @@ export class DurableStreams {
    */
   #lastPage: { events: StoredEvent[], json: string } = { events: [], json: '[]' }
 
-  constructor (db: Db, hub: EventHub, reader: EventReader, private readonly options: DurableStreamsOptions) {
+  private readonly options: DurableStreamsOptions
+
+  constructor (db: Db, hub: EventHub, reader: EventReader, options: DurableStreamsOptions) {
+    this.options = options
     this.reads = new DurableReads(db, hub, reader, options.longPolls)
     this.#subjects = new SubjectChecks(db)
   }

@@ -30,7 +30,14 @@ export class DurableReads {
   readonly #slots: CallerSlots
 
   /** `longPolls`: the most long-polls at once (DURABLE_STREAMS_MAX_LONG_POLLS), and held by one caller (DURABLE_STREAMS_MAX_LONG_POLLS_PER_CALLER). */
-  constructor (private readonly db: Db, private readonly hub: EventHub, private readonly reader: EventReader, longPolls: Limit) {
+  private readonly db: Db
+  private readonly hub: EventHub
+  private readonly reader: EventReader
+
+  constructor (db: Db, hub: EventHub, reader: EventReader, longPolls: Limit) {
+    this.db = db
+    this.hub = hub
+    this.reader = reader
     this.#slots = new CallerSlots('long-poll', longPolls)
   }
 

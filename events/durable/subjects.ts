@@ -25,7 +25,13 @@ export class SubjectChecks {
    */
   readonly #checking = { run: new Map<string, Promise<boolean>>(), thread: new Map<string, Promise<boolean>>() }
 
-  constructor (private readonly db: Db, private readonly maxKnown = MAX_KNOWN_SUBJECTS) {}
+  private readonly db: Db
+  private readonly maxKnown: number
+
+  constructor (db: Db, maxKnown = MAX_KNOWN_SUBJECTS) {
+    this.db = db
+    this.maxKnown = maxKnown
+  }
 
   /** Throws 404 for a run or thread that does not exist; undefined (no promise) when it is known to, or the stream is every event's. */
   check (filter: EventFilter, now = Date.now()): Promise<void> | undefined {

@@ -14,7 +14,15 @@ export class Waiter implements Listener {
   /** Closed (the hub stopped) before or while it waited: it waits no more. */
   #closed = false
 
-  constructor (readonly filter: EventFilter, public afterId: number, readonly limit: number) {}
+  readonly filter: EventFilter
+  afterId: number
+  readonly limit: number
+
+  constructor (filter: EventFilter, afterId: number, limit: number) {
+    this.filter = filter
+    this.afterId = afterId
+    this.limit = limit
+  }
 
   /** Starts after `afterId` instead (a fresher position): what was kept at or below it goes. */
   raiseTo (afterId: number): void {

@@ -115,7 +115,10 @@ export class EventLogKeeper {
   published = -1
   readonly partitions: PartitionKeeper
 
-  constructor (readonly options: EventLogKeeperOptions) {
+  readonly options: EventLogKeeperOptions
+
+  constructor (options: EventLogKeeperOptions) {
+    this.options = options
     this.leaseMs = leaseMsFor(options.keeperIntervalMs)
     this.lockTimeoutMs = lockTimeoutMsFor(this.leaseMs)
     this.partitions = new PartitionKeeper({

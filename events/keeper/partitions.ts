@@ -295,7 +295,11 @@ export class PartitionKeeper {
   /** When this keeper first saw the sequence inside a range (Unix ms), by name. */
   readonly #openedAt = new Map<string, number>()
 
-  constructor (readonly options: KeeperOptions) {}
+  readonly options: KeeperOptions
+
+  constructor (options: KeeperOptions) {
+    this.options = options
+  }
 
   /** The span of a range: a quarter of the retention, or a day. */
   get spanMs (): number {

@@ -67,7 +67,16 @@ export class EventStreams {
   #sweptAt = 0
   readonly #subscriberOptions: SubscriberOptions
 
-  constructor (private readonly db: Db, private readonly hub: EventHub, private readonly reader: EventReader, readonly options: StreamsOptions) {
+  private readonly db: Db
+  private readonly hub: EventHub
+  private readonly reader: EventReader
+  readonly options: StreamsOptions
+
+  constructor (db: Db, hub: EventHub, reader: EventReader, options: StreamsOptions) {
+    this.db = db
+    this.hub = hub
+    this.reader = reader
+    this.options = options
     this.#slots = new CallerSlots('stream', { max: options.maxStreams, maxPerCaller: options.maxStreamsPerCaller })
     this.#subscriberOptions = {
       // A stream still catching up when the history's floor passes it ends: its client's reconnect gets the 410.

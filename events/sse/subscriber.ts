@@ -100,14 +100,17 @@ export class Subscriber implements Listener {
   /** Set by the first write, which sends the response's headers with it. */
   #headersSent = false
 
-  constructor (
-    readonly response: ServerResponse,
-    readonly filter: EventFilter,
-    startId: number,
-    readonly options: SubscriberOptions,
-    readonly format: StreamFormat = EVENT_STREAM_FORMAT
-  ) {
+  readonly response: ServerResponse
+  readonly filter: EventFilter
+  readonly options: SubscriberOptions
+  readonly format: StreamFormat
+
+  constructor (response: ServerResponse, filter: EventFilter, startId: number, options: SubscriberOptions, format: StreamFormat = EVENT_STREAM_FORMAT) {
+    this.response = response
+    this.filter = filter
     this.lastId = startId
+    this.options = options
+    this.format = format
   }
 
   get isLive () {

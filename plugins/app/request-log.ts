@@ -48,7 +48,15 @@ export const routeOf = (request: FastifyRequest) => request.routeOptions.url ?? 
 interface RequestLogger extends Pick<FastifyBaseLogger, Level | 'silent'> {}
 class RequestLogger implements FastifyBaseLogger {
   #made: FastifyBaseLogger | undefined
-  constructor (private readonly parent: FastifyBaseLogger, private readonly bindings: Bindings, private readonly options: ChildLoggerOptions) {}
+  private readonly parent: FastifyBaseLogger
+  private readonly bindings: Bindings
+  private readonly options: ChildLoggerOptions
+
+  constructor (parent: FastifyBaseLogger, bindings: Bindings, options: ChildLoggerOptions) {
+    this.parent = parent
+    this.bindings = bindings
+    this.options = options
+  }
 
   made (): FastifyBaseLogger {
     return (this.#made ??= this.parent.child(this.bindings, this.options))

@@ -51,8 +51,12 @@ class Issuer {
   private kids = new Set<string | undefined>()
   readonly audience: string[]
   readonly algorithms: string[]
+  readonly config: IssuerConfig
+  private readonly tuning: Required<IssuerTuning>
 
-  constructor (readonly config: IssuerConfig, private readonly tuning: Required<IssuerTuning>) {
+  constructor (config: IssuerConfig, tuning: Required<IssuerTuning>) {
+    this.config = config
+    this.tuning = tuning
     this.audience = Array.isArray(config.audience) ? config.audience : [config.audience]
     this.algorithms = config.algorithms ?? DEFAULT_ALGORITHMS
   }
@@ -147,8 +151,10 @@ export class JwtIssuers {
   private readonly verified = new Map<string, Verdict>()
   private readonly maxVerified: number
   private readonly rememberMs: number
+  private readonly clockToleranceSeconds: number
 
-  constructor (configs: IssuerConfig[], private readonly clockToleranceSeconds: number, tuning: IssuerTuning = {}) {
+  constructor (configs: IssuerConfig[], clockToleranceSeconds: number, tuning: IssuerTuning = {}) {
+    this.clockToleranceSeconds = clockToleranceSeconds
     const tuned = { jwksCooldownMs: JWKS_COOLDOWN_MS, discoveryRetryMs: DISCOVERY_RETRY_MS, maxVerified: MAX_VERIFIED, rememberMs: REMEMBER_MS, ...tuning }
     this.maxVerified = tuned.maxVerified
     this.rememberMs = tuned.rememberMs

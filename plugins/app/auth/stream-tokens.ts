@@ -25,10 +25,13 @@ const REPLICA_CLOCK_SKEW_S = 60
 export class StreamTokens {
   private key: Promise<Uint8Array> | undefined
 
-  constructor (
-    private readonly loadSecret: () => Promise<string>,
-    private readonly ttlSeconds: number
-  ) {}
+  private readonly loadSecret: () => Promise<string>
+  private readonly ttlSeconds: number
+
+  constructor (loadSecret: () => Promise<string>, ttlSeconds: number) {
+    this.loadSecret = loadSecret
+    this.ttlSeconds = ttlSeconds
+  }
 
   /** The signing key, read once (again after a failure: the database may have been down). */
   private signingKey (): Promise<Uint8Array> {
