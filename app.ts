@@ -4,12 +4,12 @@ import Fastify, { LogController, type FastifyInstance, type FastifyPluginCallbac
 import { dirname, join } from 'node:path'
 import { pino } from 'pino'
 import { fileURLToPath } from 'node:url'
-import { trustedProxiesOf, type Config } from './config.js'
-import { ACCEPTS, badRequest, toApiError } from './errors.js'
-import { NO_STORE } from './plugins/app/http-cache.js'
-import { countRequests } from './plugins/request-metrics.js'
-import { requestIdOf, requestLogger } from './plugins/app/request-log.js'
-import { MAX_ID_LENGTH } from './schemas/api.js'
+import { trustedProxiesOf, type Config } from './config.ts'
+import { ACCEPTS, badRequest, toApiError } from './errors.ts'
+import { NO_STORE } from './plugins/app/http-cache.ts'
+import { countRequests } from './plugins/request-metrics.ts'
+import { requestIdOf, requestLogger } from './plugins/app/request-log.ts'
+import { MAX_ID_LENGTH } from './schemas/api.ts'
 
 declare module 'fastify' {
   interface FastifyInstance {

@@ -2,7 +2,7 @@ import { envSchema } from 'env-schema'
 import { BlockList, createServer, isIP } from 'node:net'
 import { Type, type Static, type TObject } from 'typebox'
 import { Value } from 'typebox/value'
-import { MAX_PAGE_LIMIT } from './schemas/api.js'
+import { MAX_PAGE_LIMIT } from './schemas/api.ts'
 
 /**
  * Every setting the service reads from its environment, with its default.

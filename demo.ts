@@ -1,14 +1,14 @@
 import pg from 'pg'
 import { basename, dirname, join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
-import { buildApp } from './app.js'
-import { ConfigError, listenFailure, loadConfig, loadDemoConfig } from './config.js'
-import { loadFixtureFile } from './db/fixtures.js'
-import { migrateToLatest } from './db/migrate.js'
-import { createDb } from './db/pool.js'
+import { buildApp } from './app.ts'
+import { ConfigError, listenFailure, loadConfig, loadDemoConfig } from './config.ts'
+import { loadFixtureFile } from './db/fixtures.ts'
+import { migrateToLatest } from './db/migrate.ts'
+import { createDb } from './db/pool.ts'
 import {
   addTask, answerQuestion, blockOnQuestion, createRun, dispatchTask, postMessage, recordChange, setRunStatus, setTaskStatus, type Writer
-} from './db/writer.js'
+} from './db/writer.ts'
 
 /*
  * `npm run demo`: the service, plus a simulated orchestrator that keeps the

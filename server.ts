@@ -1,8 +1,8 @@
 import closeWithGrace from 'close-with-grace'
 import type { FastifyInstance } from 'fastify'
-import { ConfigError, deprecatedSettingsIn, listenFailure, loadConfig, type Config } from './config.js'
-import type {} from './plugins/app/db.js' // the types of its decorators (the module itself loads with the app)
-import { startTracing } from './tracing.js'
+import { ConfigError, deprecatedSettingsIn, listenFailure, loadConfig, type Config } from './config.ts'
+import type {} from './plugins/app/db.ts' // the types of its decorators (the module itself loads with the app)
+import { startTracing } from './tracing.ts'
 
 /** How long a replica may take to show migrations this start has just applied to its primary. */
 const REPLAY_WAIT_MS = 10_000
@@ -17,7 +17,7 @@ const pendingText = (names: string[]) => names.length === 1 ? `migration ${names
  * is served, saying so once; a fork of the migrations is refused.
  */
 async function prepareSchema (app: FastifyInstance, config: Config) {
-  const { ForkedMigrationsError, migrateToLatest, newerVersionText, schemaState } = await import('./db/migrate.js')
+  const { ForkedMigrationsError, migrateToLatest, newerVersionText, schemaState } = await import('./db/migrate.ts')
   let applied: string[] = []
   let newer: string[] | undefined
   if (app.keeperDatabaseUrl === undefined) { // DATABASE_URL names a hot standby (plugins/app/db.ts)
@@ -55,7 +55,7 @@ async function main () {
   // Tracing, when the OTEL_* variables ask for it, starts before the modules
   // it instruments (pg, pino, node:http) load: the application is imported after it.
   const tracing = await startTracing()
-  const { buildApp } = await import('./app.js')
+  const { buildApp } = await import('./app.ts')
   const app = await buildApp(config, tracing === undefined ? {} : { tracing: tracing.plugin })
   for (const warning of deprecatedSettingsIn(process.env)) app.log.warn(warning)
   await prepareSchema(app, config)

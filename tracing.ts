@@ -11,7 +11,7 @@
  * of every package above, the one copy of the API they must share.
  */
 import type { FastifyPluginCallback } from 'fastify'
-import { pathOf } from './plugins/app/auth/url-credentials.js'
+import { pathOf } from './plugins/app/auth/url-credentials.ts'
 
 type Env = Record<string, string | undefined>
 

@@ -14,8 +14,8 @@
  */
 import autocannon from 'autocannon'
 import { parseArgs } from 'node:util'
-import { startIssuer } from '../test/helpers/issuer.js'
-import { buildService, demoDatabase, formatInt, gitDescription, median, startBuiltService } from './common.js'
+import { startIssuer } from '../test/helpers/issuer.ts'
+import { buildService, demoDatabase, formatInt, gitDescription, median, startBuiltService } from './common.ts'
 
 const { values: args } = parseArgs({
   options: {

@@ -7,10 +7,10 @@ import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_pr
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
-import { migrateToLatest } from '../db/migrate.js'
-import { seed } from '../db/seed.js'
-import { TEST_SERVICE_ENV } from '../test/helpers/run.js'
-import { freePort, sleep, withDatabase } from '../test/helpers/wait.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { seed } from '../db/seed.ts'
+import { TEST_SERVICE_ENV } from '../test/helpers/run.ts'
+import { freePort, sleep, withDatabase } from '../test/helpers/wait.ts'
 
 export { freePort, sleep, withDatabase }
 

@@ -44,8 +44,8 @@ import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { adminUrl as serverUrl, freePort, migratedDatabase, root, sleep, withDatabase } from './common.js'
-import { startFlags } from './probe.js'
+import { adminUrl as serverUrl, freePort, migratedDatabase, root, sleep, withDatabase } from './common.ts'
+import { startFlags } from './probe.ts'
 
 const { values: args } = parseArgs({
   options: {

@@ -20,9 +20,9 @@
 import { Agent, request } from 'node:http'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { composeStack } from '../test/helpers/compose.js'
-import { requestsOnRoute } from '../test/helpers/metrics.js'
-import { sleep, waitUntil } from '../test/helpers/wait.js'
+import { composeStack } from '../test/helpers/compose.ts'
+import { requestsOnRoute } from '../test/helpers/metrics.ts'
+import { sleep, waitUntil } from '../test/helpers/wait.ts'
 
 const { values: args } = parseArgs({
   options: {

@@ -28,9 +28,9 @@ import { spawn, type ChildProcess } from 'node:child_process'
 import { Agent, request } from 'node:http'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl as serverUrl, BENCH_SERVICE_ENV, freePort, root, sleep, untilAnswering, withDatabase } from './common.js'
-import { ask, breakdown, medianRssKb, pausesLine, rssKb, serviceArgs, startFlags } from './probe.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { adminUrl as serverUrl, BENCH_SERVICE_ENV, freePort, root, sleep, untilAnswering, withDatabase } from './common.ts'
+import { ask, breakdown, medianRssKb, pausesLine, rssKb, serviceArgs, startFlags } from './probe.ts'
 
 const { values: args } = parseArgs({
   options: {

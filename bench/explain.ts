@@ -14,10 +14,10 @@
  */
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { adminUrl, defaultDatabaseFor, formatInt, isScaleName, readMarker, withDatabase, type ScaleName, type Targets } from './common.js'
-import { generate } from './generate.js'
-import { readFloorStatement, STATEMENTS, writeFloorStatements } from './sql.js'
-import { nodeRowsRead, planNodes, type PlanNode } from '../test/helpers/plans.js'
+import { adminUrl, defaultDatabaseFor, formatInt, isScaleName, readMarker, withDatabase, type ScaleName, type Targets } from './common.ts'
+import { generate } from './generate.ts'
+import { readFloorStatement, STATEMENTS, writeFloorStatements } from './sql.ts'
+import { nodeRowsRead, planNodes, type PlanNode } from '../test/helpers/plans.ts'
 
 const { values: args } = parseArgs({
   options: {

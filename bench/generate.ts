@@ -34,8 +34,8 @@ import { resolve } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl, defaultDatabaseFor, formatInt, isScaleName, readMarker, SCALES, withDatabase, type Marker, type Targets } from './common.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { adminUrl, defaultDatabaseFor, formatInt, isScaleName, readMarker, SCALES, withDatabase, type Marker, type Targets } from './common.ts'
 
 /** Bump when the generated data changes, so that existing bench databases are regenerated. */
 export const GENERATOR_VERSION = 1

@@ -19,9 +19,9 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl, BENCH_SERVICE_ENV, freePort, root, sleep, withDatabase } from './common.js'
-import { ask, breakdown, medianRssKb, rssKb, serviceArgs, startFlags, type ProbeReport } from './probe.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { adminUrl, BENCH_SERVICE_ENV, freePort, root, sleep, withDatabase } from './common.ts'
+import { ask, breakdown, medianRssKb, rssKb, serviceArgs, startFlags, type ProbeReport } from './probe.ts'
 
 const { values: args } = parseArgs({
   options: {

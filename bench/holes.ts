@@ -28,13 +28,13 @@
 import { parseArgs } from 'node:util'
 import { performance } from 'node:perf_hooks'
 import pg from 'pg'
-import { buildApp } from '../app.js'
-import { loadConfig } from '../config.js'
+import { buildApp } from '../app.ts'
+import { loadConfig } from '../config.ts'
 import { EventSource } from 'eventsource'
-import { BENCH_SERVICE_ENV, gitDescription, migratedDatabase, sleep, withDatabase } from './common.js'
-import { migrateToLatest } from '../db/migrate.js'
+import { BENCH_SERVICE_ENV, gitDescription, migratedDatabase, sleep, withDatabase } from './common.ts'
+import { migrateToLatest } from '../db/migrate.ts'
 import type { Test } from 'tap'
-import { standbySkipReason, startReplicatedPostgres } from '../test/helpers/standby.js'
+import { standbySkipReason, startReplicatedPostgres } from '../test/helpers/standby.ts'
 
 const { values: args } = parseArgs({
   allowNegative: true,

@@ -39,11 +39,11 @@ import { cpus, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { responseSchemas } from '../schemas/api.js'
-import { resourceSchemas } from '../schemas/resources.js'
-import { adminUrl, defaultDatabaseFor, formatInt, freePort, gitDescription, isScaleName, root, SCALES, sleep, untilAnswering, withDatabase, type Marker, type ScaleName, type Targets } from './common.js'
-import { generate } from './generate.js'
-import { readFloorStatement, SQL_DIR, STATEMENTS, writeFloorStatements } from './sql.js'
+import { responseSchemas } from '../schemas/api.ts'
+import { resourceSchemas } from '../schemas/resources.ts'
+import { adminUrl, defaultDatabaseFor, formatInt, freePort, gitDescription, isScaleName, root, SCALES, sleep, untilAnswering, withDatabase, type Marker, type ScaleName, type Targets } from './common.ts'
+import { generate } from './generate.ts'
+import { readFloorStatement, SQL_DIR, STATEMENTS, writeFloorStatements } from './sql.ts'
 
 const { values: args } = parseArgs({
   options: {

@@ -7,7 +7,7 @@
 import type { ChildProcess } from 'node:child_process'
 import { existsSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { root, sleep } from './common.js'
+import { root, sleep } from './common.ts'
 
 export const PROBE = join(root, 'bench/service-probe.ts')
 

@@ -25,8 +25,8 @@
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { closeRange, dropRange, listPartitions, sequencePosition } from '../events/keeper/partitions.js'
-import { adminUrl, formatInt, migratedDatabase } from './common.js'
+import { closeRange, dropRange, listPartitions, sequencePosition } from '../events/keeper/partitions.ts'
+import { adminUrl, formatInt, migratedDatabase } from './common.ts'
 
 const { values: args } = parseArgs({ options: { quick: { type: 'boolean', default: false } } })
 const EVENTS = args.quick ? 20_000 : 1_000_000

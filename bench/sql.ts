@@ -14,11 +14,11 @@ import { join, resolve } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
 import type pg from 'pg'
-import { ConfigSchema } from '../config.js'
-import { getRunDetail, getThreadDetail, listBlockedTasks, listRuns } from '../db/queries.js'
-import { settledPosition } from '../db/settled-position.js'
-import { builder } from '../db/statement.js'
-import { adminUrl, defaultDatabaseFor, isScaleName, readMarker, root, withDatabase, type Targets } from './common.js'
+import { ConfigSchema } from '../config.ts'
+import { getRunDetail, getThreadDetail, listBlockedTasks, listRuns } from '../db/queries.ts'
+import { settledPosition } from '../db/settled-position.ts'
+import { builder } from '../db/statement.ts'
+import { adminUrl, defaultDatabaseFor, isScaleName, readMarker, root, withDatabase, type Targets } from './common.ts'
 
 export const SQL_DIR = join(root, 'bench', 'sql')
 

@@ -54,9 +54,9 @@ import { connect } from 'node:net'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { migrateToLatest } from '../db/migrate.js'
-import { adminUrl, BENCH_SERVICE_ENV, freePort, root, sleep, untilAnswering, withDatabase } from './common.js'
-import { ask, breakdown, medianRssKb, pausesLine, PROBE, rssKb, serviceArgs, startFlags, type ProbeReport } from './probe.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { adminUrl, BENCH_SERVICE_ENV, freePort, root, sleep, untilAnswering, withDatabase } from './common.ts'
+import { ask, breakdown, medianRssKb, pausesLine, PROBE, rssKb, serviceArgs, startFlags, type ProbeReport } from './probe.ts'
 
 const { values: args } = parseArgs({
   options: {

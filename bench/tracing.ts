@@ -11,7 +11,7 @@
 import autocannon from 'autocannon'
 import { createServer } from 'node:http'
 import { parseArgs } from 'node:util'
-import { buildService, demoDatabase, formatInt, gitDescription, median, startBuiltService } from './common.js'
+import { buildService, demoDatabase, formatInt, gitDescription, median, startBuiltService } from './common.ts'
 
 const { values: args } = parseArgs({
   options: {

@@ -25,11 +25,11 @@ import { parseArgs } from 'node:util'
 import type { Insertable } from 'kysely'
 import pg from 'pg'
 import { chromium, type Page } from 'playwright-core'
-import { buildApp } from '../app.js'
-import { loadConfig } from '../config.js'
-import { createDb } from '../db/pool.js'
-import type { EventsTable, TasksTable } from '../db/schema.js'
-import { BENCH_SERVICE_ENV, gitDescription, median, migratedDatabase, root, sleep } from './common.js'
+import { buildApp } from '../app.ts'
+import { loadConfig } from '../config.ts'
+import { createDb } from '../db/pool.ts'
+import type { EventsTable, TasksTable } from '../db/schema.ts'
+import { BENCH_SERVICE_ENV, gitDescription, median, migratedDatabase, root, sleep } from './common.ts'
 
 const { values: args } = parseArgs({
   options: {

@@ -20,9 +20,9 @@
 import { parseArgs } from 'node:util'
 import { performance } from 'node:perf_hooks'
 import pg from 'pg'
-import { buildApp } from '../app.js'
-import { loadConfig } from '../config.js'
-import { BENCH_SERVICE_ENV, gitDescription, migratedDatabase, sleep } from './common.js'
+import { buildApp } from '../app.ts'
+import { loadConfig } from '../config.ts'
+import { BENCH_SERVICE_ENV, gitDescription, migratedDatabase, sleep } from './common.ts'
 
 const { values: args } = parseArgs({
   options: {

@@ -34,8 +34,8 @@ import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { migrateToLatest } from '../db/migrate.js'
-import { formatInt, gitDescription, sleep, withDatabase } from './common.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { formatInt, gitDescription, sleep, withDatabase } from './common.ts'
 
 const { values: args } = parseArgs({
   options: {

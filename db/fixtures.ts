@@ -3,8 +3,8 @@ import addFormats from 'ajv-formats'
 import { readFile } from 'node:fs/promises'
 import { Type, type Static, type TSchema } from 'typebox'
 import type { Transaction } from 'kysely'
-import type { Database } from './schema.js'
-import type { Writer } from './writer.js'
+import type { Database } from './schema.ts'
+import type { Writer } from './writer.ts'
 
 /*
  * Fixtures: a JSON document of rows for the seven tables, loaded in one

@@ -3,9 +3,9 @@ import { DEFAULT_MIGRATION_LOCK_TABLE, DEFAULT_MIGRATION_TABLE, MIGRATION_LOCK_I
 import pg from 'pg'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { pathToFileURL } from 'node:url'
-import { migrations } from './migrations/index.js'
-import { prepareConversion, undoPreparation } from './migrations/0004_events_partitioned_by_id.js'
-import { createJobPool, isHotStandby } from './pool.js'
+import { migrations } from './migrations/index.ts'
+import { prepareConversion, undoPreparation } from './migrations/0004_events_partitioned_by_id.ts'
+import { createJobPool, isHotStandby } from './pool.ts'
 
 export interface MigrationOutcome {
   /** Names of the migrations this call applied, in order (empty when already up to date). */
@@ -185,8 +185,8 @@ async function appliedMigrations (client: pg.Client): Promise<string[]> {
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
   // Without DATABASE_URL: the embedded database in PGLITE_DATA_DIR.
-  const { loadConfig } = await import('../config.js')
-  const { withDatabaseUrl } = await import('./embedded.js')
+  const { loadConfig } = await import('../config.ts')
+  const { withDatabaseUrl } = await import('./embedded.ts')
   // loadConfig() inside the chain: a bad setting is one line, as any failure here.
   Promise.resolve().then(() => withDatabaseUrl(loadConfig(), migrateToLatest)).then(({ applied, newer }) => {
     console.log(applied.length === 0 ? 'migrate: already up to date' : `migrate: applied ${applied.join(', ')}`)

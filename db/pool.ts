@@ -1,7 +1,7 @@
 import { Kysely, PostgresDialect } from 'kysely'
 import pg from 'pg'
-import { PipelinedConnections } from './pipeline.js'
-import type { Database, Db } from './schema.js'
+import { PipelinedConnections } from './pipeline.ts'
+import type { Database, Db } from './schema.ts'
 
 export interface ReadPoolOptions {
   connectionString: string

@@ -1,9 +1,9 @@
 import { sql, type Expression, type ExpressionBuilder } from 'kysely'
 import type pg from 'pg'
-import * as Resource from '../schemas/resources.js'
-import { settledPosition } from './settled-position.js'
-import { jsonArray, jsonObject, rowJson, utcTimestamp } from './json.js'
-import { builder, queryRow, Statement } from './statement.js'
+import * as Resource from '../schemas/resources.ts'
+import { settledPosition } from './settled-position.ts'
+import { jsonArray, jsonObject, rowJson, utcTimestamp } from './json.ts'
+import { builder, queryRow, Statement } from './statement.ts'
 
 /*
  * The read queries of docs/reference.md, "Endpoints". Each is ONE statement that returns

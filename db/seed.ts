@@ -1,10 +1,10 @@
 #!/usr/bin/env node
 import { pathToFileURL } from 'node:url'
-import { loadConfig } from '../config.js'
-import { withDatabaseUrl } from './embedded.js'
-import { FixtureError, loadFixtureFile } from './fixtures.js'
-import { migrateToLatest } from './migrate.js'
-import { createDb, createJobPool } from './pool.js'
+import { loadConfig } from '../config.ts'
+import { withDatabaseUrl } from './embedded.ts'
+import { FixtureError, loadFixtureFile } from './fixtures.ts'
+import { migrateToLatest } from './migrate.ts'
+import { createDb, createJobPool } from './pool.ts'
 
 /**
  * `npm run seed -- <file.json>`: migrates DATABASE_URL (absent: the embedded

@@ -1,9 +1,9 @@
 import { createHash } from 'node:crypto'
 import { DummyDriver, Kysely, PostgresAdapter, PostgresIntrospector, PostgresQueryCompiler, type Compilable } from 'kysely'
 import type pg from 'pg'
-import type { PipelinedConnections } from './pipeline.js'
-import { ReadPool } from './pool.js'
-import type { Database, Db } from './schema.js'
+import type { PipelinedConnections } from './pipeline.ts'
+import { ReadPool } from './pool.ts'
+import type { Database, Db } from './schema.ts'
 
 /*
  * How a read runs: a statement built once, at startup, with a query

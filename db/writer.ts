@@ -1,5 +1,5 @@
 import { sql, type Insertable, type Kysely, type Transaction } from 'kysely'
-import type { ArtifactsTable, Database, EventsTable, MessagesTable, RunsTable, TaskAttemptsTable, TasksTable, ThreadsTable } from './schema.js'
+import type { ArtifactsTable, Database, EventsTable, MessagesTable, RunsTable, TaskAttemptsTable, TasksTable, ThreadsTable } from './schema.ts'
 
 /*
  * How an orchestrator records state: the reference for its authors, and

@@ -1,8 +1,8 @@
 import type { FastifyBaseLogger } from 'fastify'
 import { setImmediate as nextTurn } from 'node:timers/promises'
-import type { Db } from '../db/schema.js'
-import { pollAfter, startingPosition, type EventFilter, type LogState, type StoredEvent } from './statements.js'
-import { EventWindow } from './window.js'
+import type { Db } from '../db/schema.ts'
+import { pollAfter, startingPosition, type EventFilter, type LogState, type StoredEvent } from './statements.ts'
+import { EventWindow } from './window.ts'
 
 export interface HubOptions {
   pollIntervalMs: number

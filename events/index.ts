@@ -4,20 +4,20 @@
  * does what).
  */
 import type { FastifyBaseLogger } from 'fastify'
-import type { Db } from '../db/schema.js'
-import { DurableStreams } from './durable/index.js'
-import { EventHub } from './hub.js'
-import type { Limit } from './limits.js'
-import { EventReader } from './reader.js'
-import { EventStreams } from './sse/streams.js'
-import { SOON_TICK_MS, EventLogKeeper } from './keeper/keeper.js'
-import { WalWakeup } from './wakeup.js'
+import type { Db } from '../db/schema.ts'
+import { DurableStreams } from './durable/index.ts'
+import { EventHub } from './hub.ts'
+import type { Limit } from './limits.ts'
+import { EventReader } from './reader.ts'
+import { EventStreams } from './sse/streams.ts'
+import { SOON_TICK_MS, EventLogKeeper } from './keeper/keeper.ts'
+import { WalWakeup } from './wakeup.ts'
 
-export { DURABLE_READ_HEADERS, readOf, type DurableAnswer, type DurableQuery } from './durable/index.js'
-export { listEvents, type EventFilter, type LogState, type StoredEvent } from './statements.js'
-export { assertPositionKept } from './reader.js'
-export { eventsSent } from './sent.js'
-export type { StreamOptions, StreamStart } from './sse/streams.js'
+export { DURABLE_READ_HEADERS, readOf, type DurableAnswer, type DurableQuery } from './durable/index.ts'
+export { listEvents, type EventFilter, type LogState, type StoredEvent } from './statements.ts'
+export { assertPositionKept } from './reader.ts'
+export { eventsSent } from './sent.ts'
+export type { StreamOptions, StreamStart } from './sse/streams.ts'
 
 /** How long a shutdown waits for ended streams' last bytes to leave: a client taking none is cut after it. */
 const STREAMS_FLUSH_MS = 1000

@@ -1,4 +1,4 @@
-import { LimitRefusal, type LimitedKind } from '../errors.js'
+import { LimitRefusal, type LimitedKind } from '../errors.ts'
 
 /** A limit on what is open at once: on the whole instance, and on any one caller. */
 export interface Limit {

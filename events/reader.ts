@@ -1,7 +1,7 @@
-import type { Db } from '../db/schema.js'
-import type { PositionErrors } from '../errors.js'
-import type { EventHub } from './hub.js'
-import { eventsAfterKept, reissuedRange, type EventFilter, type LogState, type StoredEvent } from './statements.js'
+import type { Db } from '../db/schema.ts'
+import type { PositionErrors } from '../errors.ts'
+import type { EventHub } from './hub.ts'
+import { eventsAfterKept, reissuedRange, type EventFilter, type LogState, type StoredEvent } from './statements.ts'
 
 /** Events read per catch-up query of a stream or page that resumes from an older event id. */
 export const CATCH_UP_PAGE_SIZE = 500

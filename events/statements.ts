@@ -1,9 +1,9 @@
 import { CompiledQuery, sql, type Expression } from 'kysely'
-import { jsonArray, jsonObject, rowJson } from '../db/json.js'
-import type { Db } from '../db/schema.js'
-import { settled, settledPosition } from '../db/settled-position.js'
-import { builder, Statement } from '../db/statement.js'
-import { Event } from '../schemas/resources.js'
+import { jsonArray, jsonObject, rowJson } from '../db/json.ts'
+import type { Db } from '../db/schema.ts'
+import { settled, settledPosition } from '../db/settled-position.ts'
+import { builder, Statement } from '../db/statement.ts'
+import { Event } from '../schemas/resources.ts'
 
 /*
  * The statements of the event log: every read of the events table and of

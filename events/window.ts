@@ -1,4 +1,4 @@
-import { matchesFilter, type EventFilter, type StoredEvent } from './statements.js'
+import { matchesFilter, type EventFilter, type StoredEvent } from './statements.ts'
 
 /**
  * Bytes counted per event besides its JSON: the object, its fields and its

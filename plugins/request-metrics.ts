@@ -1,8 +1,8 @@
 import type { FastifyReply, FastifyRequest, onResponseHookHandler } from 'fastify'
 import fp from 'fastify-plugin'
 import type { Metric, MetricValueWithName, Registry } from 'prom-client'
-import { UNMATCHED } from './app/request-log.js'
-import { withRouteHook } from './route-hooks.js'
+import { UNMATCHED } from './app/request-log.ts'
+import { withRouteHook } from './route-hooks.ts'
 
 declare module 'fastify' {
   interface FastifyInstance {

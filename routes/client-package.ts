@@ -3,8 +3,8 @@ import { readFile } from 'node:fs/promises'
 import { basename, dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pkg from '../package.json' with { type: 'json' }
-import { ApiError } from '../errors.js'
-import { entityTag, noneMatchHits } from '../plugins/app/http-cache.js'
+import { ApiError } from '../errors.ts'
+import { entityTag, noneMatchHits } from '../plugins/app/http-cache.ts'
 
 /** dist/, where the build leaves the package: above routes/ compiled (dist/routes/), beside it from the sources. */
 function distDirectory (): string {

@@ -1,7 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { sql } from 'kysely'
 import { Type } from 'typebox'
-import { commonErrors, errorResponse } from '../schemas/api.js'
+import { commonErrors, errorResponse } from '../schemas/api.ts'
 
 const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
   // Liveness only: it answers while the process does, whatever the database

@@ -1,6 +1,6 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
-import { commonErrors, errorResponse } from '../schemas/api.js'
+import { commonErrors, errorResponse } from '../schemas/api.ts'
 
 const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get('/metrics', {

@@ -3,9 +3,9 @@ import { existsSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { authenticationOn, issuersOf } from '../config.js'
-import { notFound } from '../errors.js'
-import { entityTag, noneMatchHits } from '../plugins/app/http-cache.js'
+import { authenticationOn, issuersOf } from '../config.ts'
+import { notFound } from '../errors.ts'
+import { entityTag, noneMatchHits } from '../plugins/app/http-cache.ts'
 
 /** The ui/ folder: beside routes/ when run from the sources, above dist/ when compiled (dist/routes/). */
 function uiDirectory (): string {

@@ -1,5 +1,5 @@
 import { Type, type TObject, type TSchema } from 'typebox'
-import { ACCEPTS, invalidParameter } from '../errors.js'
+import { ACCEPTS, invalidParameter } from '../errors.ts'
 
 /* The request and response shapes of the routes of docs/reference.md, "Endpoints". */
 

@@ -1,6 +1,6 @@
 import { Type, type TObject } from 'typebox'
-import { ErrorCodes } from '../errors.js'
-import { eventTypeNames } from './event-types.js'
+import { ErrorCodes } from '../errors.ts'
+import { eventTypeNames } from './event-types.ts'
 
 /*
  * The resources of docs/reference.md, "Resources", one schema each, registered once by $id

@@ -4,7 +4,7 @@
  * PORT free (config.ts, checkSettings), so that a bad setting is said at
  * once, in one line, not after the build.
  */
-import { checkSettings } from '../config.js'
+import { checkSettings } from '../config.ts'
 
 try {
   await checkSettings(process.env, { demo: process.argv.includes('--demo') })

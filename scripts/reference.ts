@@ -12,7 +12,7 @@
 import { readFileSync, writeFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { EVENT_TYPES } from '../schemas/event-types.js'
+import { EVENT_TYPES } from '../schemas/event-types.ts'
 
 export const referencePath = join(dirname(fileURLToPath(import.meta.url)), '../docs/reference.md')
 
@@ -162,8 +162,8 @@ export function withGeneratedBlocks (markdown: string, doc: OpenApiDocument): st
 
 /* c8 ignore start: the command line (npm run docs:reference); the test checks what it writes */
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  const { buildApp } = await import('../app.js')
-  const { loadConfig } = await import('../config.js')
+  const { buildApp } = await import('../app.ts')
+  const { loadConfig } = await import('../config.ts')
   // The embedded database: the document needs no data, only the routes.
   const app = await buildApp(loadConfig({ LOG_LEVEL: 'error', EVENTS_WAKEUP: 'off', PGLITE_DATA_DIR: 'memory://' }))
   await app.ready()

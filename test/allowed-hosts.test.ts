@@ -1,6 +1,6 @@
 import { connect } from 'node:net'
 import t from 'tap'
-import { build, serve } from './helpers/app.js'
+import { build, serve } from './helpers/app.ts'
 
 /*
  * DNS rebinding (plugins/app/allowed-hosts.ts): with authentication off, a

@@ -2,12 +2,12 @@ import type { FastifyInstance } from 'fastify'
 import { decodeJwt, SignJWT } from 'jose'
 import { connect } from 'node:net'
 import t, { type Test } from 'tap'
-import { JwtIssuers } from '../plugins/app/auth/jwt-issuers.js'
-import { STREAM_TOKEN_ISSUER, StreamTokens } from '../plugins/app/auth/stream-tokens.js'
-import { build, serve } from './helpers/app.js'
-import { insertGraph, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
-import { startIssuer, TEST_AUDIENCE, unsignedToken } from './helpers/issuer.js'
-import { insertEvents } from './helpers/sse.js'
+import { JwtIssuers } from '../plugins/app/auth/jwt-issuers.ts'
+import { STREAM_TOKEN_ISSUER, StreamTokens } from '../plugins/app/auth/stream-tokens.ts'
+import { build, serve } from './helpers/app.ts'
+import { insertGraph, makeRun, makeTask, makeThread } from './helpers/fixtures.ts'
+import { startIssuer, TEST_AUDIENCE, unsignedToken } from './helpers/issuer.ts'
+import { insertEvents } from './helpers/sse.ts'
 
 // Authentication (docs/authentication.md), tried at every door: each
 // protected route, the stream and the Durable Streams routes, crossed with
@@ -406,7 +406,7 @@ t.test('an identity provider that cannot be reached: 503 with the envelope, and 
 })
 
 t.test('configuration: AUTH_ISSUERS is checked at start and says what is wrong', async (t) => {
-  const { loadConfig } = await import('../config.js')
+  const { loadConfig } = await import('../config.ts')
   t.throws(() => loadConfig({ AUTH_ISSUERS: 'not json' }), /AUTH_ISSUERS is not JSON/)
   t.throws(() => loadConfig({ AUTH_ISSUERS: '[{"issuer": "ftp://x", "audience": "a"}]' }), /AUTH_ISSUERS\[0\]\/issuer/)
   t.throws(() => loadConfig({ AUTH_ISSUERS: '[{"issuer": "https://x"}]' }), /AUTH_ISSUERS\[0\]/)

@@ -1,7 +1,7 @@
 import t from 'tap'
-import { build } from './helpers/app.js'
-import { assertSchema } from './helpers/contract.js'
-import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
+import { build } from './helpers/app.ts'
+import { assertSchema } from './helpers/contract.ts'
+import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.ts'
 
 // The blocked-task rule of docs/reference.md, "Conventions" and its edge cases.
 

@@ -1,12 +1,12 @@
 import { EventSource } from 'eventsource'
 import t, { type Test } from 'tap'
-import { ApiError, createClient, type Event, type StreamStatus } from '../client/src/index.js'
-import type { Config } from '../config.js'
-import { serve as serveApp } from './helpers/app.js'
-import { startIssuer } from './helpers/issuer.js'
-import { insertGraph, makeRun } from './helpers/fixtures.js'
-import { insertEvents, take } from './helpers/sse.js'
-import { sleep, waitUntil } from './helpers/wait.js'
+import { ApiError, createClient, type Event, type StreamStatus } from '../client/src/index.ts'
+import type { Config } from '../config.ts'
+import { serve as serveApp } from './helpers/app.ts'
+import { startIssuer } from './helpers/issuer.ts'
+import { insertGraph, makeRun } from './helpers/fixtures.ts'
+import { insertEvents, take } from './helpers/sse.ts'
+import { sleep, waitUntil } from './helpers/wait.ts'
 
 // ocp-api-client with authentication on: the token as a header only (set,
 // changed or provided at run time), stream tokens for streams (a URL for an

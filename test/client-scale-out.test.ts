@@ -1,10 +1,10 @@
 import t from 'tap'
-import { createClient, type Event, type RunDetail } from '../client/src/index.js'
-import { testDatabaseUrl } from './helpers/database.js'
-import { insertGraph, makeRun, makeTask, writer } from './helpers/fixtures.js'
-import { startNginx } from './helpers/nginx.js'
-import { startReplicas } from './helpers/replicas.js'
-import { sleep, waitUntil } from './helpers/wait.js'
+import { createClient, type Event, type RunDetail } from '../client/src/index.ts'
+import { testDatabaseUrl } from './helpers/database.ts'
+import { insertGraph, makeRun, makeTask, writer } from './helpers/fixtures.ts'
+import { startNginx } from './helpers/nginx.ts'
+import { startReplicas } from './helpers/replicas.ts'
+import { sleep, waitUntil } from './helpers/wait.ts'
 
 // ocp-api-client through nginx in front of three replicas, one of which is
 // killed while it watches: watch resumes on another and loses nothing;

@@ -1,6 +1,6 @@
 import { createServer } from 'node:net'
 import t from 'tap'
-import { allowedHostsOf, checkSettings, ConfigError, deprecatedSettingsIn, durationMs, isLoopback, listenFailure, loadConfig, loadDemoConfig, portFree, trustedProxiesOf } from '../config.js'
+import { allowedHostsOf, checkSettings, ConfigError, deprecatedSettingsIn, durationMs, isLoopback, listenFailure, loadConfig, loadDemoConfig, portFree, trustedProxiesOf } from '../config.ts'
 
 const url = 'postgres://postgres@127.0.0.1:5432/postgres'
 

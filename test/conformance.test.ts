@@ -1,12 +1,12 @@
 import { once } from 'node:events'
 import { createServer } from 'node:http'
 import t from 'tap'
-import { build } from './helpers/app.js'
-import { extraDatabaseUrl, needsServer, testDatabaseUrl, withAdmin } from './helpers/database.js'
-import { freePort } from './helpers/wait.js'
-import { migrateToLatest } from '../db/migrate.js'
-import { runConformance } from './conformance/run.js'
-import { EXCLUDED } from './conformance/scope.js'
+import { build } from './helpers/app.ts'
+import { extraDatabaseUrl, needsServer, testDatabaseUrl, withAdmin } from './helpers/database.ts'
+import { freePort } from './helpers/wait.ts'
+import { migrateToLatest } from '../db/migrate.ts'
+import { runConformance } from './conformance/run.ts'
+import { EXCLUDED } from './conformance/scope.ts'
 
 // The official Durable Streams conformance suite's read path, against this
 // service (test/conformance/run.ts). Every test of it must pass, but those

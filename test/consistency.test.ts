@@ -1,7 +1,7 @@
 import { sql } from 'kysely'
 import t from 'tap'
-import { build } from './helpers/app.js'
-import { insertGraph, makeRun, makeTask, uid, writer } from './helpers/fixtures.js'
+import { build } from './helpers/app.ts'
+import { insertGraph, makeRun, makeTask, uid, writer } from './helpers/fixtures.ts'
 
 // A run detail is one snapshot: while another connection keeps moving tasks
 // between statuses (and adding and removing tasks), every read agrees with

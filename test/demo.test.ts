@@ -1,14 +1,14 @@
 import { createServer } from 'node:net'
 import t from 'tap'
-import { DemoOrchestrator, seededRandom } from '../demo.js'
-import { postMessage, recordChange } from '../db/writer.js'
-import { build } from './helpers/app.js'
-import { assertSchema } from './helpers/contract.js'
-import { testDatabaseUrl } from './helpers/database.js'
-import { runAsUser } from './helpers/docs.js'
-import { writer } from './helpers/fixtures.js'
-import { root, runScript } from './helpers/run.js'
-import { openStream } from './helpers/sse.js'
+import { DemoOrchestrator, seededRandom } from '../demo.ts'
+import { postMessage, recordChange } from '../db/writer.ts'
+import { build } from './helpers/app.ts'
+import { assertSchema } from './helpers/contract.ts'
+import { testDatabaseUrl } from './helpers/database.ts'
+import { runAsUser } from './helpers/docs.ts'
+import { writer } from './helpers/fixtures.ts'
+import { root, runScript } from './helpers/run.ts'
+import { openStream } from './helpers/sse.ts'
 
 // The demo's simulated orchestrator, written through db/writer.ts: every
 // event type of docs/reference.md, "Event types" reaches a subscriber, and the API reads

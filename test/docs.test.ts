@@ -3,7 +3,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
-import { ConfigSchema } from '../config.js'
+import { ConfigSchema } from '../config.ts'
 
 // The documentation names every setting the code reads: the README's table
 // and .env.example stay in step with config.ts; every path it names exists;

@@ -1,10 +1,10 @@
 import t from 'tap'
-import { ApiError } from '../errors.js'
-import { DurableReads } from '../events/durable/reads.js'
-import { Waiter } from '../events/durable/waiter.js'
-import type { EventHub, Listener } from '../events/hub.js'
-import type { LogState, StoredEvent } from '../events/statements.js'
-import type { EventReader } from '../events/reader.js'
+import { ApiError } from '../errors.ts'
+import { DurableReads } from '../events/durable/reads.ts'
+import { Waiter } from '../events/durable/waiter.ts'
+import type { EventHub, Listener } from '../events/hub.ts'
+import type { LogState, StoredEvent } from '../events/statements.ts'
+import type { EventReader } from '../events/reader.ts'
 
 // A long-poll from a recent offset (a crowd's every re-poll) takes a path
 // with no await before its wait: what it reads from the window answers at

@@ -1,12 +1,12 @@
 import t from 'tap'
-import { encodeOffset } from '../events/durable/offsets.js'
-import { needsServer, testDatabaseUrl } from './helpers/database.js'
-import { insertGraph, makeRun } from './helpers/fixtures.js'
-import { requestsOnRoute } from './helpers/metrics.js'
-import { startNginx } from './helpers/nginx.js'
-import { startReplicas } from './helpers/replicas.js'
-import { insertEvents } from './helpers/sse.js'
-import { sleep } from './helpers/wait.js'
+import { encodeOffset } from '../events/durable/offsets.ts'
+import { needsServer, testDatabaseUrl } from './helpers/database.ts'
+import { insertGraph, makeRun } from './helpers/fixtures.ts'
+import { requestsOnRoute } from './helpers/metrics.ts'
+import { startNginx } from './helpers/nginx.ts'
+import { startReplicas } from './helpers/replicas.ts'
+import { insertEvents } from './helpers/sse.ts'
+import { sleep } from './helpers/wait.ts'
 
 // The Durable Streams read path across replicas behind the shipped nginx
 // config (deploy/nginx): an offset one replica handed out resumes on

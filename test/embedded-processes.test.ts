@@ -4,8 +4,8 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { startEmbeddedPostgres, withDatabaseUrl } from '../db/embedded.js'
-import { root, runScript } from './helpers/run.js'
+import { startEmbeddedPostgres, withDatabaseUrl } from '../db/embedded.ts'
+import { root, runScript } from './helpers/run.ts'
 
 // The embedded database (db/embedded.ts) across processes: its data
 // directory's lock, the scripts and the server started without

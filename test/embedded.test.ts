@@ -1,11 +1,11 @@
 import { connect } from 'node:net'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { frame, namespaced, parseStartupOptions, startEmbeddedPostgres, type EmbeddedPostgres } from '../db/embedded.js'
-import { createReadPool } from '../db/pool.js'
-import { redactedUrl } from '../plugins/app/db.js'
-import { sleep, waitUntil } from './helpers/wait.js'
-import { testPool } from './helpers/database.js'
+import { frame, namespaced, parseStartupOptions, startEmbeddedPostgres, type EmbeddedPostgres } from '../db/embedded.ts'
+import { createReadPool } from '../db/pool.ts'
+import { redactedUrl } from '../plugins/app/db.ts'
+import { sleep, waitUntil } from './helpers/wait.ts'
+import { testPool } from './helpers/database.ts'
 
 // The embedded database (db/embedded.ts): PGlite behind a loopback bridge
 // that gives its one backend to one connection at a time. Across processes:

@@ -1,10 +1,10 @@
 import t from 'tap'
-import { buildApp } from '../app.js'
-import { ApiError, isDatabaseUnavailable, toApiError } from '../errors.js'
-import { build, testConfig } from './helpers/app.js'
-import { assertSchema } from './helpers/contract.js'
-import { insertGraph, lockTable, makeRun } from './helpers/fixtures.js'
-import { PROMPTLY_MS, waitUntil } from './helpers/wait.js'
+import { buildApp } from '../app.ts'
+import { ApiError, isDatabaseUnavailable, toApiError } from '../errors.ts'
+import { build, testConfig } from './helpers/app.ts'
+import { assertSchema } from './helpers/contract.ts'
+import { insertGraph, lockTable, makeRun } from './helpers/fixtures.ts'
+import { PROMPTLY_MS, waitUntil } from './helpers/wait.ts'
 
 // Database faults are 503 `unavailable`, the unforeseen is a bare 500 `internal`.
 

@@ -1,12 +1,12 @@
 import pg from 'pg'
 import t from 'tap'
-import { migrateToLatest } from '../db/migrate.js'
-import { build } from './helpers/app.js'
-import { ownCluster } from './helpers/cluster.js'
-import { needsServer } from './helpers/database.js'
-import { metricValue } from './helpers/metrics.js'
-import { openStream } from './helpers/sse.js'
-import { sleep, waitUntil } from './helpers/wait.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { build } from './helpers/app.ts'
+import { ownCluster } from './helpers/cluster.ts'
+import { needsServer } from './helpers/database.ts'
+import { metricValue } from './helpers/metrics.ts'
+import { openStream } from './helpers/sse.ts'
+import { sleep, waitUntil } from './helpers/wait.ts'
 
 // What a crash of the primary can undo, and what it must not: a hole the
 // log has settled (an id drawn and rolled back) is never handed out again,

@@ -1,11 +1,11 @@
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import type { LogState } from '../events/statements.js'
-import { reportable } from '../events/reader.js'
-import { build } from './helpers/app.js'
-import { testBackend, testDatabaseUrl } from './helpers/database.js'
-import { insertEvents, openStream } from './helpers/sse.js'
-import { waitUntil } from './helpers/wait.js'
+import type { LogState } from '../events/statements.ts'
+import { reportable } from '../events/reader.ts'
+import { build } from './helpers/app.ts'
+import { testBackend, testDatabaseUrl } from './helpers/database.ts'
+import { insertEvents, openStream } from './helpers/sse.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // What an operator may do to the event log's sequence and table while the
 // service runs, and what streams then see (docs/stream.md, "Failover,

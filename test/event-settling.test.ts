@@ -1,11 +1,11 @@
 import pg from 'pg'
 import { pino } from 'pino'
 import t from 'tap'
-import { EventLogKeeper } from '../events/keeper/keeper.js'
-import { build } from './helpers/app.js'
-import { testDatabaseUrl } from './helpers/database.js'
-import { insertEvents, openStream } from './helpers/sse.js'
-import { PROMPTLY_MS, sleep, waitUntil } from './helpers/wait.js'
+import { EventLogKeeper } from '../events/keeper/keeper.ts'
+import { build } from './helpers/app.ts'
+import { testDatabaseUrl } from './helpers/database.ts'
+import { insertEvents, openStream } from './helpers/sse.ts'
+import { PROMPTLY_MS, sleep, waitUntil } from './helpers/wait.ts'
 
 // What the reader waits for, and what it does not (db/sql/keeper.sql, docs/stream.md
 // "How the event order is settled"): an id still in flight holds back the

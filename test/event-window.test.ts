@@ -1,11 +1,11 @@
 import t, { type Test } from 'tap'
-import type { Config } from '../config.js'
-import type { StoredEvent } from '../events/statements.js'
-import { EVENT_OVERHEAD_BYTES, EventWindow } from '../events/window.js'
-import { serve as serveApp } from './helpers/app.js'
-import { insertGraph, makeRun, makeThread } from './helpers/fixtures.js'
-import { insertEvents, openStream } from './helpers/sse.js'
-import { waitUntil } from './helpers/wait.js'
+import type { Config } from '../config.ts'
+import type { StoredEvent } from '../events/statements.ts'
+import { EVENT_OVERHEAD_BYTES, EventWindow } from '../events/window.ts'
+import { serve as serveApp } from './helpers/app.ts'
+import { insertGraph, makeRun, makeThread } from './helpers/fixtures.ts'
+import { insertEvents, openStream } from './helpers/sse.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // The window of recent events (issue 14): streams resuming from a recent
 // cursor catch up from memory, exactly as the table would answer, and only

@@ -1,13 +1,13 @@
 import { request as httpRequest } from 'node:http'
 import { connect, type Socket } from 'node:net'
 import t, { type Test } from 'tap'
-import type { Config } from '../config.js'
-import { build, holdClose, serve as serveApp } from './helpers/app.js'
-import { assertSchema } from './helpers/contract.js'
-import { insertGraph, json, lockTable, makeRun, makeThread } from './helpers/fixtures.js'
-import { insertEvents, openStream } from './helpers/sse.js'
-import { PROMPTLY_MS, sleep, waitUntil } from './helpers/wait.js'
-import { needsServer } from './helpers/database.js'
+import type { Config } from '../config.ts'
+import { build, holdClose, serve as serveApp } from './helpers/app.ts'
+import { assertSchema } from './helpers/contract.ts'
+import { insertGraph, json, lockTable, makeRun, makeThread } from './helpers/fixtures.ts'
+import { insertEvents, openStream } from './helpers/sse.ts'
+import { PROMPTLY_MS, sleep, waitUntil } from './helpers/wait.ts'
+import { needsServer } from './helpers/database.ts'
 
 // On the embedded database a table lock (one session, one backend) holds up every
 // connection, not only the statements on that table: these two need a server.

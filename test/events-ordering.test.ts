@@ -1,9 +1,9 @@
 import { sql } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
-import { build } from './helpers/app.js'
-import { testDatabaseUrl, testPool } from './helpers/database.js'
-import { insertEvents, openStream } from './helpers/sse.js'
+import { build } from './helpers/app.ts'
+import { testDatabaseUrl, testPool } from './helpers/database.ts'
+import { insertEvents, openStream } from './helpers/sse.ts'
 
 // Writers draw ids and commit in any order, and none waits for another;
 // the reader settles the order (the keeper's census, db/sql/keeper.sql): the

@@ -1,12 +1,12 @@
 import { EventSource } from 'eventsource'
 import t, { type Test } from 'tap'
-import type { Config } from '../config.js'
-import { SWEEP_MAX_INTERVAL_MS } from '../events/sse/streams.js'
-import { serve as serveApp } from './helpers/app.js'
-import { assertSchema } from './helpers/contract.js'
-import { insertGraph, json, makeRun } from './helpers/fixtures.js'
-import { insertEvents, openStream } from './helpers/sse.js'
-import { sleep, waitUntil } from './helpers/wait.js'
+import type { Config } from '../config.ts'
+import { SWEEP_MAX_INTERVAL_MS } from '../events/sse/streams.ts'
+import { serve as serveApp } from './helpers/app.ts'
+import { assertSchema } from './helpers/contract.ts'
+import { insertGraph, json, makeRun } from './helpers/fixtures.ts'
+import { insertEvents, openStream } from './helpers/sse.ts'
+import { sleep, waitUntil } from './helpers/wait.ts'
 
 // GET /api/events/stream: wire format, filters, order, resume, tail, errors.
 

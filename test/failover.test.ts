@@ -1,13 +1,13 @@
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { buildApp } from '../app.js'
-import { loadConfig } from '../config.js'
-import { migrateToLatest } from '../db/migrate.js'
-import { withDatabase } from './helpers/database.js'
-import { openStream } from './helpers/sse.js'
-import { movableAddress } from './helpers/proxy.js'
-import { queryOn, startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
-import { waitUntil } from './helpers/wait.js'
+import { buildApp } from '../app.ts'
+import { loadConfig } from '../config.ts'
+import { migrateToLatest } from '../db/migrate.ts'
+import { withDatabase } from './helpers/database.ts'
+import { openStream } from './helpers/sse.ts'
+import { movableAddress } from './helpers/proxy.ts'
+import { queryOn, startReplicatedPostgres, standbySkipReason } from './helpers/standby.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // A failover to an asynchronous standby that lost the primary's last
 // commits: ids the clients saw may be handed out again by the new primary.

@@ -1,8 +1,8 @@
 import t from 'tap'
-import { cacheControls, noneMatchHits } from '../plugins/app/http-cache.js'
-import { build } from './helpers/app.js'
-import { insertGraph, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
-import { insertEvents } from './helpers/sse.js'
+import { cacheControls, noneMatchHits } from '../plugins/app/http-cache.ts'
+import { build } from './helpers/app.ts'
+import { insertGraph, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.ts'
+import { insertEvents } from './helpers/sse.ts'
 
 // HTTP caching (docs/reference.md, "HTTP caching"): strong ETags and If-None-Match on every
 // JSON read, Cache-Control by kind, errors no-store, nothing public with

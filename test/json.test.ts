@@ -2,9 +2,9 @@ import { sql, type RawBuilder } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
 import { Type } from 'typebox'
-import { jsonArray, jsonObject, rowJson } from '../db/json.js'
-import { builder } from '../db/statement.js'
-import { testDatabaseUrl } from './helpers/database.js'
+import { jsonArray, jsonObject, rowJson } from '../db/json.ts'
+import { builder } from '../db/statement.ts'
+import { testDatabaseUrl } from './helpers/database.ts'
 
 // The JSON of the response bodies and of the event envelope, built as text from the schemas (db/json.ts), evaluated by Postgres.
 

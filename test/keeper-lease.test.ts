@@ -1,13 +1,13 @@
 import { readFileSync } from 'node:fs'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { leaseMsFor, lockTimeoutMsFor } from '../events/keeper/keeper.js'
-import { build } from './helpers/app.js'
-import { needsServer, testDatabaseUrl } from './helpers/database.js'
-import { metricValue } from './helpers/metrics.js'
-import { startReplicas, type Replica } from './helpers/replicas.js'
-import { openStream } from './helpers/sse.js'
-import { PROMPTLY_MS, waitUntil } from './helpers/wait.js'
+import { leaseMsFor, lockTimeoutMsFor } from '../events/keeper/keeper.ts'
+import { build } from './helpers/app.ts'
+import { needsServer, testDatabaseUrl } from './helpers/database.ts'
+import { metricValue } from './helpers/metrics.ts'
+import { startReplicas, type Replica } from './helpers/replicas.ts'
+import { openStream } from './helpers/sse.ts'
+import { PROMPTLY_MS, waitUntil } from './helpers/wait.ts'
 
 /*
  * The keeper's lease (events/keeper/keeper.ts, db/sql/keeper.sql): only the

@@ -1,6 +1,6 @@
 import { ESLint } from 'eslint'
 import t from 'tap'
-import { root } from './helpers/run.js'
+import { root } from './helpers/run.ts'
 
 // What `npm run lint` (eslint.config.js) holds the code to; CI runs it over
 // the whole repository. These check the settings themselves.

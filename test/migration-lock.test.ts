@@ -1,9 +1,9 @@
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { migrateToLatest } from '../db/migrate.js'
-import { migrations } from '../db/migrations/index.js'
-import { extraDatabaseUrl, needsServer, serverDatabaseUrl, withAdmin } from './helpers/database.js'
-import { waitUntil } from './helpers/wait.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { migrations } from '../db/migrations/index.ts'
+import { extraDatabaseUrl, needsServer, serverDatabaseUrl, withAdmin } from './helpers/database.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 /*
  * The migrations' lock (docs/database.md, "Roles and privileges"): the row

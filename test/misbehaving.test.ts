@@ -1,11 +1,11 @@
 import { connect, type Socket } from 'node:net'
 import t, { type Test } from 'tap'
-import { build, serve } from './helpers/app.js'
-import { json } from './helpers/fixtures.js'
-import { startIssuer, TEST_AUDIENCE } from './helpers/issuer.js'
-import { metricValue } from './helpers/metrics.js'
-import { insertEvents, openStream } from './helpers/sse.js'
-import { waitUntil } from './helpers/wait.js'
+import { build, serve } from './helpers/app.ts'
+import { json } from './helpers/fixtures.ts'
+import { startIssuer, TEST_AUDIENCE } from './helpers/issuer.ts'
+import { metricValue } from './helpers/metrics.ts'
+import { insertEvents, openStream } from './helpers/sse.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // Clients that misbehave cannot hurt the process or the other clients:
 // a cap on streams, non-reading clients, and connect-and-drop churn.

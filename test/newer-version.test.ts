@@ -1,8 +1,8 @@
 import t from 'tap'
-import { migrateToLatest } from '../db/migrate.js'
-import { migrations } from '../db/migrations/index.js'
-import { extraDatabaseUrl, withAdmin } from './helpers/database.js'
-import { runScript, type Outcome } from './helpers/run.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { migrations } from '../db/migrations/index.ts'
+import { extraDatabaseUrl, withAdmin } from './helpers/database.ts'
+import { runScript, type Outcome } from './helpers/run.ts'
 
 /*
  * A rollback, or the older replicas of a rolling deploy: this version on a

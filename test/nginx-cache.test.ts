@@ -1,9 +1,9 @@
 import t from 'tap'
-import { testDatabaseUrl } from './helpers/database.js'
-import { requestsOnRoute } from './helpers/metrics.js'
-import { startNginx } from './helpers/nginx.js'
-import { startReplicas } from './helpers/replicas.js'
-import { insertEvents } from './helpers/sse.js'
+import { testDatabaseUrl } from './helpers/database.ts'
+import { requestsOnRoute } from './helpers/metrics.ts'
+import { startNginx } from './helpers/nginx.ts'
+import { startReplicas } from './helpers/replicas.ts'
+import { insertEvents } from './helpers/sse.ts'
 
 // The shipped nginx config (deploy/nginx) as a shared cache in front of three
 // replicas: 300 concurrent readers of the same immutable page of events cost

@@ -3,9 +3,9 @@ import { sql } from 'kysely'
 import { Ajv } from 'ajv'
 import addFormats from 'ajv-formats'
 import t, { type Test } from 'tap'
-import { build, untilWindowLearnsFloor } from './helpers/app.js'
-import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
-import { insertEvents, openStream } from './helpers/sse.js'
+import { build, untilWindowLearnsFloor } from './helpers/app.ts'
+import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.ts'
+import { insertEvents, openStream } from './helpers/sse.ts'
 
 // The OpenAPI document: valid, complete against docs/reference.md, "Endpoints", named
 // components, and true: real responses validate against its own schemas.

@@ -3,12 +3,12 @@ import { connect } from 'node:net'
 import { brotliDecompressSync, gunzipSync } from 'node:zlib'
 import type { LightMyRequestResponse } from 'fastify'
 import t from 'tap'
-import { buildApp } from '../app.js'
-import { START_GRACE_MS } from '../plugins/external/under-pressure.js'
-import { build, holdClose, keptAliveConnection, testConfig } from './helpers/app.js'
-import { insertGraph, lockTable, makeRun, makeTask } from './helpers/fixtures.js'
-import { openStream } from './helpers/sse.js'
-import { waitUntil } from './helpers/wait.js'
+import { buildApp } from '../app.ts'
+import { START_GRACE_MS } from '../plugins/external/under-pressure.ts'
+import { build, holdClose, keptAliveConnection, testConfig } from './helpers/app.ts'
+import { insertGraph, lockTable, makeRun, makeTask } from './helpers/fixtures.ts'
+import { openStream } from './helpers/sse.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // The operations kit: request ids and logs, readiness, metrics, auth, CORS,
 // compression, load shedding, shutdown.

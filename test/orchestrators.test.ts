@@ -1,12 +1,12 @@
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import type { FastifyInstance } from 'fastify'
-import type { BlockedTask, BlockedTaskList, Event, EventList, RunDetail, RunDetailEnvelope, RunList, Task, ThreadDetail, ThreadDetailEnvelope } from '../client/src/index.js'
+import type { BlockedTask, BlockedTaskList, Event, EventList, RunDetail, RunDetailEnvelope, RunList, Task, ThreadDetail, ThreadDetailEnvelope } from '../client/src/index.ts'
 import t, { type Test } from 'tap'
-import { build } from './helpers/app.js'
-import { assertSchema } from './helpers/contract.js'
-import { testDatabaseUrl, withAdmin } from './helpers/database.js'
-import { root } from './helpers/run.js'
+import { build } from './helpers/app.ts'
+import { assertSchema } from './helpers/contract.ts'
+import { testDatabaseUrl, withAdmin } from './helpers/database.ts'
+import { root } from './helpers/run.ts'
 
 // docs/orchestrators.md, "A run, step by step": its SQL, taken from the
 // page itself so that the two cannot drift, runs block by block on this

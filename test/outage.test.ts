@@ -1,10 +1,10 @@
 import { EventSource } from 'eventsource'
 import pg from 'pg'
 import t from 'tap'
-import { migrateToLatest } from '../db/migrate.js'
-import { build } from './helpers/app.js'
-import { ownCluster } from './helpers/cluster.js'
-import { waitUntil } from './helpers/wait.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { build } from './helpers/app.ts'
+import { ownCluster } from './helpers/cluster.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // The database goes away under load, and comes back: reads answer 503
 // within the timeout, /ready says 503, /health stays 200, nothing crashes;

@@ -2,14 +2,14 @@ import { Kysely, PostgresDialect } from 'kysely'
 import { Migrator } from 'kysely/migration'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { migrateToLatest } from '../db/migrate.js'
-import { migrations } from '../db/migrations/index.js'
-import { CONVERSION_MARGIN, DEFAULT_PARTITION, FIRST_PARTITION, partitionName, prepareConversion } from '../db/migrations/0004_events_partitioned_by_id.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { migrations } from '../db/migrations/index.ts'
+import { CONVERSION_MARGIN, DEFAULT_PARTITION, FIRST_PARTITION, partitionName, prepareConversion } from '../db/migrations/0004_events_partitioned_by_id.ts'
 import {
   closeRange, HOLD_SEQUENCE, listPartitions, MIN_RANGE_IDS, NEXTVAL_CLOSE_LIMIT, PartitionKeeper, RANGES_AHEAD, sequencePosition, type KeeperLog, type KeeperOptions
-} from '../events/keeper/partitions.js'
-import { extraDatabaseUrl, needsServer, testPool } from './helpers/database.js'
-import { sleep } from './helpers/wait.js'
+} from '../events/keeper/partitions.ts'
+import { extraDatabaseUrl, needsServer, testPool } from './helpers/database.ts'
+import { sleep } from './helpers/wait.ts'
 
 // Migration 0004 (the events table partitioned by id, converted without a
 // rewrite) and the keeper of its partitions (events/keeper/partitions.ts),

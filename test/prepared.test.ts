@@ -1,9 +1,9 @@
 import { sql } from 'kysely'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { builder, queryRow, readCounts, Statement } from '../db/statement.js'
-import { testDatabaseUrl, testPool } from './helpers/database.js'
-import { waitUntil } from './helpers/wait.js'
+import { builder, queryRow, readCounts, Statement } from '../db/statement.ts'
+import { testDatabaseUrl, testPool } from './helpers/database.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // The reads run as prepared statements named after their text (db/queries.ts).
 

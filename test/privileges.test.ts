@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs'
 import pg from 'pg'
 import t, { type Test } from 'tap'
-import { needsServer, serverDatabaseUrl, testDatabaseUrl, withAdmin } from './helpers/database.js'
+import { needsServer, serverDatabaseUrl, testDatabaseUrl, withAdmin } from './helpers/database.ts'
 
 /*
  * Least privilege in the database (docs/database.md, "Roles and

@@ -1,6 +1,6 @@
 import t from 'tap'
-import { PLUGIN_TIMEOUT_MS, pluginTimeoutOf } from '../app.js'
-import { build } from './helpers/app.js'
+import { PLUGIN_TIMEOUT_MS, pluginTimeoutOf } from '../app.ts'
+import { build } from './helpers/app.ts'
 
 // Liveness and readiness probes, polled every few seconds, are logged at debug (plugins/app/request-log.ts).
 

@@ -1,10 +1,10 @@
 import fc from 'fast-check'
 import { request as httpRequest } from 'node:http'
 import t from 'tap'
-import { build } from './helpers/app.js'
-import { insertGraph, makeRun, makeThread } from './helpers/fixtures.js'
-import { insertEvents } from './helpers/sse.js'
-import { waitUntil } from './helpers/wait.js'
+import { build } from './helpers/app.ts'
+import { insertGraph, makeRun, makeThread } from './helpers/fixtures.ts'
+import { insertEvents } from './helpers/sse.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // Bad input, generated: every path and query parameter of every route gets
 // thousands of hostile values. Every answer is 2xx, 400 or 404 with the

@@ -1,6 +1,6 @@
 import { sql } from 'kysely'
 import t from 'tap'
-import { build } from './helpers/app.js'
+import { build } from './helpers/app.ts'
 
 // The service's own sessions cannot write orchestration state, even by mistake.
 

@@ -4,11 +4,11 @@ import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import t from 'tap'
-import { ErrorCodes } from '../errors.js'
-import { eventTypeNames } from '../schemas/event-types.js'
-import { endpointsBlock, referencePath, resourcesBlock, withGeneratedBlocks, type OpenApiDocument } from '../scripts/reference.js'
-import { build } from './helpers/app.js'
-import { testDatabaseUrl } from './helpers/database.js'
+import { ErrorCodes } from '../errors.ts'
+import { eventTypeNames } from '../schemas/event-types.ts'
+import { endpointsBlock, referencePath, resourcesBlock, withGeneratedBlocks, type OpenApiDocument } from '../scripts/reference.ts'
+import { build } from './helpers/app.ts'
+import { testDatabaseUrl } from './helpers/database.ts'
 
 // docs/reference.md is the repository's whole contract: its generated parts
 // match the served OpenAPI document, and nothing the code defines (an

@@ -1,12 +1,12 @@
 import { Kysely, PostgresDialect } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
-import type { Database } from '../db/schema.js'
-import { START_WALK_IDS, startingPosition } from '../events/statements.js'
-import { build } from './helpers/app.js'
-import { needsServer, testDatabaseUrl } from './helpers/database.js'
-import { openStream } from './helpers/sse.js'
-import { sleep, waitUntil } from './helpers/wait.js'
+import type { Database } from '../db/schema.ts'
+import { START_WALK_IDS, startingPosition } from '../events/statements.ts'
+import { build } from './helpers/app.ts'
+import { needsServer, testDatabaseUrl } from './helpers/database.ts'
+import { openStream } from './helpers/sse.ts'
+import { sleep, waitUntil } from './helpers/wait.ts'
 
 // A replica that starts while an event writer is open (every deploy does):
 // it reports, within one poll of answering /ready, the settled position the

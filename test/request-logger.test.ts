@@ -1,13 +1,13 @@
 import { pino } from 'pino'
 import t from 'tap'
-import { requestLogger } from '../plugins/app/request-log.js'
-import { pathOf, withoutCredentials } from '../plugins/app/auth/url-credentials.js'
-import { redactedUrl } from '../plugins/app/db.js'
-import { buildApp } from '../app.js'
-import { build, testConfig } from './helpers/app.js'
-import { startIssuer, TEST_AUDIENCE } from './helpers/issuer.js'
-import { insertEvents, openStream } from './helpers/sse.js'
-import { waitUntil } from './helpers/wait.js'
+import { requestLogger } from '../plugins/app/request-log.ts'
+import { pathOf, withoutCredentials } from '../plugins/app/auth/url-credentials.ts'
+import { redactedUrl } from '../plugins/app/db.ts'
+import { buildApp } from '../app.ts'
+import { build, testConfig } from './helpers/app.ts'
+import { startIssuer, TEST_AUDIENCE } from './helpers/issuer.ts'
+import { insertEvents, openStream } from './helpers/sse.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // Each request's logger is made when a line first goes through it (plugins/app/request-log.ts).
 
@@ -156,7 +156,7 @@ t.test('an audit trail: each line names its principal; a stream\'s line comes wh
 })
 
 t.test('API_TOKENS: name:token, or a bare token named by its place', async (t) => {
-  const { namedTokens, StaticTokens } = await import('../plugins/app/auth/static-tokens.js')
+  const { namedTokens, StaticTokens } = await import('../plugins/app/auth/static-tokens.ts')
   const tokens = namedTokens(['ci:abc', 'plain', 'has a space:x', 'x:'])
   t.same(tokens, [{ name: 'ci', token: 'abc' }, { name: 'token-2', token: 'plain' }, { name: 'token-3', token: 'has a space:x' }, { name: 'token-4', token: 'x:' }])
   const matcher = new StaticTokens(tokens)
@@ -166,7 +166,7 @@ t.test('API_TOKENS: name:token, or a bare token named by its place', async (t) =
 })
 
 t.test('callerOf: a JWT without a subject is its issuer alone', async (t) => {
-  const { callerOf } = await import('../plugins/app/auth/index.js')
+  const { callerOf } = await import('../plugins/app/auth/index.ts')
   t.equal(callerOf({ kind: 'jwt', issuer: 'https://issuer.example', subject: undefined, expires: 0 }), 'https://issuer.example')
   t.equal(callerOf({ kind: 'jwt', issuer: 'https://issuer.example', subject: 'ada', expires: 0 }), 'https://issuer.example ada')
 })

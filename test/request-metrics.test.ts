@@ -1,7 +1,7 @@
 import { Registry } from 'prom-client'
 import t from 'tap'
-import { RequestMetrics } from '../plugins/request-metrics.js'
-import { withRouteHook } from '../plugins/route-hooks.js'
+import { RequestMetrics } from '../plugins/request-metrics.ts'
+import { withRouteHook } from '../plugins/route-hooks.ts'
 
 // Requests counted in plain numbers, read through prom-client's registry (plugins/app/metrics.ts).
 

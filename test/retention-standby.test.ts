@@ -1,11 +1,11 @@
 import t from 'tap'
-import { buildApp } from '../app.js'
-import { loadConfig } from '../config.js'
-import { migrateToLatest } from '../db/migrate.js'
-import { withDatabase } from './helpers/database.js'
-import { openStream } from './helpers/sse.js'
-import { queryOn as query, startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
-import { waitUntil } from './helpers/wait.js'
+import { buildApp } from '../app.ts'
+import { loadConfig } from '../config.ts'
+import { migrateToLatest } from '../db/migrate.ts'
+import { withDatabase } from './helpers/database.ts'
+import { openStream } from './helpers/sse.ts'
+import { queryOn as query, startReplicatedPostgres, standbySkipReason } from './helpers/standby.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // EVENTS_RETENTION with the reads on a hot standby (docs/reference.md, "Event history" and
 // docs/reference.md, "Read replicas"): the keeper works on the primary, the drops and the floor replicate in

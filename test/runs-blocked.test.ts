@@ -1,11 +1,11 @@
 import type { LightMyRequestResponse } from 'fastify'
 import pg from 'pg'
 import t from 'tap'
-import { createClient } from '../client/src/index.js'
-import { build, serve } from './helpers/app.js'
-import { assertSchema } from './helpers/contract.js'
-import { testDatabaseUrl } from './helpers/database.js'
-import { listRunsPlan, rowsRead } from './helpers/plans.js'
+import { createClient } from '../client/src/index.ts'
+import { build, serve } from './helpers/app.ts'
+import { assertSchema } from './helpers/contract.ts'
+import { testDatabaseUrl } from './helpers/database.ts'
+import { listRunsPlan, rowsRead } from './helpers/plans.ts'
 
 // GET /api/runs?blocked=true: the runs waiting on an answer (at least one
 // task in status blocked), newest first, paged, combinable with status; on

@@ -1,9 +1,9 @@
 import type { LightMyRequestResponse } from 'fastify'
 import pg from 'pg'
 import t from 'tap'
-import { listRunsPlan, rowsRead } from './helpers/plans.js'
-import { build } from './helpers/app.js'
-import { testDatabaseUrl } from './helpers/database.js'
+import { listRunsPlan, rowsRead } from './helpers/plans.ts'
+import { build } from './helpers/app.ts'
+import { testDatabaseUrl } from './helpers/database.ts'
 
 // GET /api/runs?status=a,b on a table of many runs: the page is the same as
 // a plain filter over the whole list would give, and its statement reads

@@ -1,7 +1,7 @@
 import t from 'tap'
-import { build } from './helpers/app.js'
-import { assertSchema } from './helpers/contract.js'
-import { insertGraph, json, makeRun, makeTask } from './helpers/fixtures.js'
+import { build } from './helpers/app.ts'
+import { assertSchema } from './helpers/contract.ts'
+import { insertGraph, json, makeRun, makeTask } from './helpers/fixtures.ts'
 
 // Runs, run detail and a run's tasks: every field, ordering, counts, paging.
 

@@ -1,10 +1,10 @@
 import { EventSource } from 'eventsource'
 import t from 'tap'
-import { testDatabaseUrl, testPool } from './helpers/database.js'
-import { answers, startNginx } from './helpers/nginx.js'
-import { startReplicas } from './helpers/replicas.js'
-import { insertEvents } from './helpers/sse.js'
-import { sleep, waitUntil } from './helpers/wait.js'
+import { testDatabaseUrl, testPool } from './helpers/database.ts'
+import { answers, startNginx } from './helpers/nginx.ts'
+import { startReplicas } from './helpers/replicas.ts'
+import { insertEvents } from './helpers/sse.ts'
+import { sleep, waitUntil } from './helpers/wait.ts'
 
 // Three replicas behind Debian's nginx, with the config shipped in
 // deploy/nginx: one replica is killed while clients stream through the

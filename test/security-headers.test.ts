@@ -2,8 +2,8 @@ import helmet, { type FastifyHelmetOptions } from '@fastify/helmet'
 import Fastify from 'fastify'
 import { createHash } from 'node:crypto'
 import t from 'tap'
-import { API_CONTENT_SECURITY_POLICY, apiSecurityHeaders, DOCS_INLINE_STYLE_HASHES, helmetOptions, securityHeaders, servesPages } from '../plugins/external/helmet.js'
-import { build } from './helpers/app.js'
+import { API_CONTENT_SECURITY_POLICY, apiSecurityHeaders, DOCS_INLINE_STYLE_HASHES, helmetOptions, securityHeaders, servesPages } from '../plugins/external/helmet.ts'
+import { build } from './helpers/app.ts'
 
 // The security headers: the API's on every answer, helmet's (computed once) on pages (plugins/external/helmet.ts).
 

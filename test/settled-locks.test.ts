@@ -1,9 +1,9 @@
 import { sql } from 'kysely'
 import pg from 'pg'
 import t from 'tap'
-import { settled } from '../db/settled-position.js'
-import { builder } from '../db/statement.js'
-import { testDatabaseUrl } from './helpers/database.js'
+import { settled } from '../db/settled-position.ts'
+import { builder } from '../db/statement.ts'
+import { testDatabaseUrl } from './helpers/database.ts'
 
 /*
  * Every read of the API asks events_settled_row() for its X-Event-Cursor,

@@ -3,7 +3,7 @@ import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import t from 'tap'
-import { testDatabaseUrl } from './helpers/database.js'
+import { testDatabaseUrl } from './helpers/database.ts'
 
 /*
  * db/sql/ holds the current definition of every function, trigger, view

@@ -1,6 +1,6 @@
 import Fastify, { type FastifyRequest } from 'fastify'
 import t from 'tap'
-import { registerSse } from '../plugins/app/events.js'
+import { registerSse } from '../plugins/app/events.ts'
 
 // @fastify/sse wraps the handler of a route that may stream; one that
 // streams for some requests only (config.eventStream) runs its own handler

@@ -1,11 +1,11 @@
 import t from 'tap'
-import { buildApp } from '../app.js'
-import { loadConfig } from '../config.js'
-import { migrateToLatest } from '../db/migrate.js'
-import { testPool, withDatabase } from './helpers/database.js'
-import { openStream } from './helpers/sse.js'
-import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
-import { waitUntil } from './helpers/wait.js'
+import { buildApp } from '../app.ts'
+import { loadConfig } from '../config.ts'
+import { migrateToLatest } from '../db/migrate.ts'
+import { testPool, withDatabase } from './helpers/database.ts'
+import { openStream } from './helpers/sse.ts'
+import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // The event order settled on a hot standby (docs/reference.md, "Read replicas"): writers
 // commit out of order on the primary, some roll back, some stay open; the

@@ -1,11 +1,11 @@
 import t from 'tap'
-import { buildApp } from '../app.js'
-import { loadConfig } from '../config.js'
-import { migrateToLatest } from '../db/migrate.js'
-import { testPool, withDatabase } from './helpers/database.js'
-import { openStream } from './helpers/sse.js'
-import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.js'
-import { LONG_WAIT_MS, sleep } from './helpers/wait.js'
+import { buildApp } from '../app.ts'
+import { loadConfig } from '../config.ts'
+import { migrateToLatest } from '../db/migrate.ts'
+import { testPool, withDatabase } from './helpers/database.ts'
+import { openStream } from './helpers/sse.ts'
+import { startReplicatedPostgres, standbySkipReason } from './helpers/standby.ts'
+import { LONG_WAIT_MS, sleep } from './helpers/wait.ts'
 
 // A hot standby under steady load: transactions overlap on the primary so
 // that one is always open (none longer than 1.5 s), and a rolled-back

@@ -4,11 +4,11 @@ import { existsSync } from 'node:fs'
 import pg from 'pg'
 import { chromium } from 'playwright-core'
 import t, { type Test } from 'tap'
-import { migrateToLatest } from '../db/migrate.js'
-import { build, holdClose, keptAliveConnection, type RawAnswer } from './helpers/app.js'
-import { ownCluster } from './helpers/cluster.js'
-import { insertEvents } from './helpers/sse.js'
-import { sleep, waitUntil } from './helpers/wait.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { build, holdClose, keptAliveConnection, type RawAnswer } from './helpers/app.ts'
+import { ownCluster } from './helpers/cluster.ts'
+import { insertEvents } from './helpers/sse.ts'
+import { sleep, waitUntil } from './helpers/wait.ts'
 
 // A stream refused for a transient reason (the database down, the stream
 // limit, a shutdown) is a 200 event stream with a `retry:`, so that a real

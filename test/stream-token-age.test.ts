@@ -1,7 +1,7 @@
 import { SignJWT } from 'jose'
 import t from 'tap'
-import { UnauthorizedError } from '../errors.js'
-import { STREAM_TOKEN_ISSUER, StreamTokens } from '../plugins/app/auth/stream-tokens.js'
+import { UnauthorizedError } from '../errors.ts'
+import { STREAM_TOKEN_ISSUER, StreamTokens } from '../plugins/app/auth/stream-tokens.ts'
 
 /*
  * A stream token opens streams for STREAM_TOKEN_TTL_S from its iat, whatever

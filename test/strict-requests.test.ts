@@ -1,9 +1,9 @@
 import { connect } from 'node:net'
 import t from 'tap'
-import { build, serve } from './helpers/app.js'
-import { assertSchema } from './helpers/contract.js'
-import { insertGraph, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
-import { insertEvents, openStream } from './helpers/sse.js'
+import { build, serve } from './helpers/app.ts'
+import { assertSchema } from './helpers/contract.ts'
+import { insertGraph, makeRun, makeTask, makeThread } from './helpers/fixtures.ts'
+import { insertEvents, openStream } from './helpers/sse.ts'
 
 // No request widens or narrows by mistake (docs/reference.md, "Errors"):
 // an unknown query parameter is a 400 naming it, and a write to any /api

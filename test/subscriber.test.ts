@@ -1,10 +1,10 @@
 import { createServer, get, type ServerResponse } from 'node:http'
 import { connect } from 'node:net'
 import t from 'tap'
-import type { EventFilter, StoredEvent } from '../events/statements.js'
-import { durableSseFormat } from '../events/durable/format.js'
-import { Subscriber, type StreamFormat, type SubscriberOptions } from '../events/sse/subscriber.js'
-import { LONG_WAIT_MS, PROMPTLY_MS, sleep, waitUntil } from './helpers/wait.js'
+import type { EventFilter, StoredEvent } from '../events/statements.ts'
+import { durableSseFormat } from '../events/durable/format.ts'
+import { Subscriber, type StreamFormat, type SubscriberOptions } from '../events/sse/subscriber.ts'
+import { LONG_WAIT_MS, PROMPTLY_MS, sleep, waitUntil } from './helpers/wait.ts'
 
 // The subscriber's hand-off rules, in isolation (the HTTP tests cover the wiring).
 

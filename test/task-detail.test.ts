@@ -1,8 +1,8 @@
 import t from 'tap'
-import { ApiError, createClient } from '../client/src/index.js'
-import { build, serve } from './helpers/app.js'
-import { assertSchema } from './helpers/contract.js'
-import { insertGraph, makeAttempt, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
+import { ApiError, createClient } from '../client/src/index.ts'
+import { build, serve } from './helpers/app.ts'
+import { assertSchema } from './helpers/contract.ts'
+import { insertGraph, makeAttempt, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.ts'
 
 // A task's whole story: the task, every attempt, every thread, from one snapshot.
 

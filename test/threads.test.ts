@@ -1,7 +1,7 @@
 import t from 'tap'
-import { build } from './helpers/app.js'
-import { assertSchema } from './helpers/contract.js'
-import { insertGraph, json, makeArtifact, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.js'
+import { build } from './helpers/app.ts'
+import { assertSchema } from './helpers/contract.ts'
+import { insertGraph, json, makeArtifact, makeMessage, makeRun, makeTask, makeThread } from './helpers/fixtures.ts'
 
 // Thread detail: the thread, its messages in order, each with its artifacts.
 

@@ -1,9 +1,9 @@
 import { createServer } from 'node:http'
 import t, { type Test } from 'tap'
-import { startTracing, tracingRequested } from '../tracing.js'
-import { testDatabaseUrl } from './helpers/database.js'
-import { runScript } from './helpers/run.js'
-import { insertEvents, openStream } from './helpers/sse.js'
+import { startTracing, tracingRequested } from '../tracing.ts'
+import { testDatabaseUrl } from './helpers/database.ts'
+import { runScript } from './helpers/run.ts'
+import { insertEvents, openStream } from './helpers/sse.ts'
 
 // OpenTelemetry tracing (tracing.ts): the server, run as a user runs it,
 // exports to a collector this test runs (OTLP over HTTP, as JSON).

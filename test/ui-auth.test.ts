@@ -1,11 +1,11 @@
 import type { FastifyInstance } from 'fastify'
 import type { Page } from 'playwright-core'
 import t, { type Test } from 'tap'
-import type { Config } from '../config.js'
-import { build } from './helpers/app.js'
-import { assertNoProblems, openPage, READY_MS, screenshot, SERVICE_RESTART } from './helpers/browser.js'
-import { startIssuer } from './helpers/issuer.js'
-import { insertGraph, makeRun, makeTask, writer } from './helpers/fixtures.js'
+import type { Config } from '../config.ts'
+import { build } from './helpers/app.ts'
+import { assertNoProblems, openPage, READY_MS, screenshot, SERVICE_RESTART } from './helpers/browser.ts'
+import { startIssuer } from './helpers/issuer.ts'
+import { insertGraph, makeRun, makeTask, writer } from './helpers/fixtures.ts'
 
 // The web UI with authentication on, in Chromium: it asks for a token (or
 // signs in with the identity provider, authorization code with PKCE),

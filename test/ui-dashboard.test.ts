@@ -1,9 +1,9 @@
 import type { FastifyInstance } from 'fastify'
 import t, { type Test } from 'tap'
-import { build } from './helpers/app.js'
-import { openPage, READY_MS, screenshot } from './helpers/browser.js'
-import { insertGraph, makeTask, writer } from './helpers/fixtures.js'
-import { insertEvents } from './helpers/sse.js'
+import { build } from './helpers/app.ts'
+import { openPage, READY_MS, screenshot } from './helpers/browser.ts'
+import { insertGraph, makeTask, writer } from './helpers/fixtures.ts'
+import { insertEvents } from './helpers/sse.ts'
 
 // The web UI as a dashboard over a real control plane's history: 2,000 runs,
 // a status filter, paging by the Link header with the page and filter in the

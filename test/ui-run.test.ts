@@ -1,10 +1,10 @@
 import type { Page } from 'playwright-core'
 import { sql } from 'kysely'
 import t from 'tap'
-import { serve } from './helpers/app.js'
-import { openPage, READY_MS, screenshot } from './helpers/browser.js'
-import { insertGraph, json, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
-import { insertEvents } from './helpers/sse.js'
+import { serve } from './helpers/app.ts'
+import { openPage, READY_MS, screenshot } from './helpers/browser.ts'
+import { insertGraph, json, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.ts'
+import { insertEvents } from './helpers/sse.ts'
 
 // The run page a team lives in, in Chromium: what failed and what waits at
 // the top, one click from its thread; each task's story (its attempts and

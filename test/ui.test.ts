@@ -2,12 +2,12 @@ import type { FastifyInstance } from 'fastify'
 import { sql } from 'kysely'
 import { createHash } from 'node:crypto'
 import t, { type Test } from 'tap'
-import { UI_INLINE_SCRIPT_HASHES } from '../plugins/external/helmet.js'
-import { build } from './helpers/app.js'
-import { assertNoProblems, openPage, READY_MS, screenshot, SERVICE_RESTART } from './helpers/browser.js'
-import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.js'
-import { insertEvents } from './helpers/sse.js'
-import { waitUntil } from './helpers/wait.js'
+import { UI_INLINE_SCRIPT_HASHES } from '../plugins/external/helmet.ts'
+import { build } from './helpers/app.ts'
+import { assertNoProblems, openPage, READY_MS, screenshot, SERVICE_RESTART } from './helpers/browser.ts'
+import { insertGraph, json, makeArtifact, makeAttempt, makeMessage, makeRun, makeTask, makeThread, writer } from './helpers/fixtures.ts'
+import { insertEvents } from './helpers/sse.ts'
+import { waitUntil } from './helpers/wait.ts'
 
 // The web UI in a real browser (Debian's chromium, driven by playwright-core):
 // pages render, reflect committed changes live, and recover from a restart.

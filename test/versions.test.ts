@@ -5,10 +5,10 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { promisify } from 'node:util'
 import t, { type Test } from 'tap'
-import { migrateToLatest } from '../db/migrate.js'
-import { migrations } from '../db/migrations/index.js'
-import { extraDatabaseUrl, needsServer, withAdmin } from './helpers/database.js'
-import { root, runScript, TEST_SERVICE_ENV, type Outcome } from './helpers/run.js'
+import { migrateToLatest } from '../db/migrate.ts'
+import { migrations } from '../db/migrations/index.ts'
+import { extraDatabaseUrl, needsServer, withAdmin } from './helpers/database.ts'
+import { root, runScript, TEST_SERVICE_ENV, type Outcome } from './helpers/run.ts'
 
 /*
  * A rolling deploy and a rollback across versions (docs/operating.md,

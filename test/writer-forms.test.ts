@@ -1,6 +1,6 @@
 import pg from 'pg'
 import t from 'tap'
-import { testDatabaseUrl } from './helpers/database.js'
+import { testDatabaseUrl } from './helpers/database.ts'
 
 // Every way Postgres lets a writer put an event in the table, against the
 // rule of the settle mark (db/sql/event-ids.sql, docs/orchestrators.md, "How to write an event"):

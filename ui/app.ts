@@ -8,11 +8,11 @@
  * cursor_expired). This file draws, and signs in when the service needs a
  * token (the end of the file); dom.ts and timeline.ts are what it draws with.
  */
-import { backoff, delay, type EventFilter } from '../client/src/client.js'
-import { ApiError, createClient, CursorExpired, MAX_PAGE_LIMIT, type Artifact, type AuthInfo, type BlockedTask, type Event, type Live, type Read, type RunDetailEnvelope, type RunList, type SignIn, type StreamStatus, type Task, type TaskAttempt, type TaskDetailEnvelope, type ThreadDetailEnvelope } from '../client/src/index.js'
-import { follow } from '../client/src/live.js'
-import { age, h, runHref, statusBadge, statusClass, taskHref, threadHref, time } from './dom.js'
-import { Timeline } from './timeline.js'
+import { backoff, delay, type EventFilter } from '../client/src/client.ts'
+import { ApiError, createClient, CursorExpired, MAX_PAGE_LIMIT, type Artifact, type AuthInfo, type BlockedTask, type Event, type Live, type Read, type RunDetailEnvelope, type RunList, type SignIn, type StreamStatus, type Task, type TaskAttempt, type TaskDetailEnvelope, type ThreadDetailEnvelope } from '../client/src/index.ts'
+import { follow } from '../client/src/live.ts'
+import { age, h, runHref, statusBadge, statusClass, taskHref, threadHref, time } from './dom.ts'
+import { Timeline } from './timeline.ts'
 
 // Streams open with a stream token scoped to what they show (when the page holds a token at all): the token the
 // user signed in with never goes in a URL.

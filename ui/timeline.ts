@@ -10,8 +10,8 @@
  * attribute each) only when an event falls outside the span drawn, which
  * keeps headroom for the events to come.
  */
-import type { Event } from '../client/src/types.js'
-import { clock, duration, h, statusBadge, statusClass, svg } from './dom.js'
+import type { Event } from '../client/src/types.ts'
+import { clock, duration, h, statusBadge, statusClass, svg } from './dom.ts'
 
 /** The event types that start a phase without saying its status in their payload (docs/reference.md, "Event types"). */
 const PHASE_OF_EVENT: Record<string, string> = { task_added: 'added', task_answered: 'running' }

@@ -8,9 +8,9 @@
  */
 import { writeFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
-import { MAX_PAGE_LIMIT, responseSchemas } from '../../schemas/api.js'
-import { eventTypeNames } from '../../schemas/event-types.js'
-import { resourceSchemas } from '../../schemas/resources.js'
+import { MAX_PAGE_LIMIT, responseSchemas } from '../../schemas/api.ts'
+import { eventTypeNames } from '../../schemas/event-types.ts'
+import { resourceSchemas } from '../../schemas/resources.ts'
 
 type Schema = Record<string, any>
 

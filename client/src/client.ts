@@ -1,6 +1,6 @@
-import { ApiError, CursorExpired, errorFromResponse, networkError } from './errors.js'
-import { readSse } from './sse.js'
-import type { AuthInfo, BlockedTaskList, Event, EventList, RunDetailEnvelope, RunList, StreamToken, TaskDetailEnvelope, TaskList, ThreadDetailEnvelope } from './types.js'
+import { ApiError, CursorExpired, errorFromResponse, networkError } from './errors.ts'
+import { readSse } from './sse.ts'
+import type { AuthInfo, BlockedTaskList, Event, EventList, RunDetailEnvelope, RunList, StreamToken, TaskDetailEnvelope, TaskList, ThreadDetailEnvelope } from './types.ts'
 
 /**
  * Where the bearer token comes from: the token itself, or a function asked

@@ -4,15 +4,15 @@
  * and list-then-watch in one call: as snapshots (live*) or as a read then
  * its events (follow*). The package's bin is the ocp-api command (cli.ts).
  */
-import { createReader, type ClientOptions, type RunsQuery } from './client.js'
-import { followRun, followRuns, followThread, liveRun, liveRuns, liveThread, type FollowOptions, type LiveOptions, type OnSnapshot } from './live.js'
-import type { RunDetailEnvelope, RunList, ThreadDetailEnvelope } from './types.js'
+import { createReader, type ClientOptions, type RunsQuery } from './client.ts'
+import { followRun, followRuns, followThread, liveRun, liveRuns, liveThread, type FollowOptions, type LiveOptions, type OnSnapshot } from './live.ts'
+import type { RunDetailEnvelope, RunList, ThreadDetailEnvelope } from './types.ts'
 
-export { ApiError, CursorExpired } from './errors.js'
-export { MAX_PAGE_LIMIT } from './types.js'
-export type { ClientOptions, EventFilter, EventsQuery, PageQuery, Read, RunsQuery, StreamStatus, TokenSource, WatchOptions } from './client.js'
-export type { FollowOptions, Followed, Live, LiveOptions, OnSnapshot } from './live.js'
-export type * from './types.js'
+export { ApiError, CursorExpired } from './errors.ts'
+export { MAX_PAGE_LIMIT } from './types.ts'
+export type { ClientOptions, EventFilter, EventsQuery, PageQuery, Read, RunsQuery, StreamStatus, TokenSource, WatchOptions } from './client.ts'
+export type { FollowOptions, Followed, Live, LiveOptions, OnSnapshot } from './live.ts'
+export type * from './types.ts'
 
 export type Client = ReturnType<typeof createClient>
 

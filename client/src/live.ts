@@ -1,6 +1,6 @@
-import { backoff, delay, type EventFilter, type Reader, type Read, type RunsQuery, type StreamStatus } from './client.js'
-import { ApiError, CursorExpired } from './errors.js'
-import type { Event, RunDetailEnvelope, RunList, ThreadDetailEnvelope } from './types.js'
+import { backoff, delay, type EventFilter, type Reader, type Read, type RunsQuery, type StreamStatus } from './client.ts'
+import { ApiError, CursorExpired } from './errors.ts'
+import type { Event, RunDetailEnvelope, RunList, ThreadDetailEnvelope } from './types.ts'
 
 export interface LiveOptions {
   /** The loop ended on a refusal retrying cannot fix (`error.terminal`: 400, 401, 403, 404); nothing more is read. Any other failure is retried, and reported to onStatus. */

@@ -7,7 +7,7 @@
  * line each, never a stack trace. Exit codes: EXIT_CODES below.
  */
 import { parseArgs, type ParseArgsConfig } from 'node:util'
-import { ApiError, createClient, CursorExpired, MAX_PAGE_LIMIT, type Client, type Event, type EventFilter, type Followed, type FollowOptions, type Live, type RunDetail, type RunListItem, type StreamStatus } from './index.js'
+import { ApiError, createClient, CursorExpired, MAX_PAGE_LIMIT, type Client, type Event, type EventFilter, type Followed, type FollowOptions, type Live, type RunDetail, type RunListItem, type StreamStatus } from './index.ts'
 
 export const EXIT = { ok: 0, failed: 1, usage: 2, timeout: 3 } as const
 

@@ -1,5 +1,5 @@
 import { sql, type Kysely } from 'kysely'
-import * as lockedEventOrder from './0002_event_stream.js'
+import * as lockedEventOrder from './0002_event_stream.ts'
 
 /*
  * Orders the event log on the READ side, so that no writer waits for

@@ -1,5 +1,5 @@
 import { sql, type Kysely } from 'kysely'
-import { createWriterRegistration, REGISTRATION_NAMESPACE } from './0003_event_order_without_lock.js'
+import { createWriterRegistration, REGISTRATION_NAMESPACE } from './0003_event_order_without_lock.ts'
 
 /*
  * The same writer registration as migration 0003 (docs/stream.md, "How the event

@@ -1,5 +1,5 @@
 import { sql, type Kysely } from 'kysely'
-import { settledFromFloor } from './0004_events_partitioned_by_id.js'
+import { settledFromFloor } from './0004_events_partitioned_by_id.ts'
 
 /*
  * events_settled() read the ids just above its starting position with the

@@ -1,6 +1,6 @@
 import { sql, type Kysely } from 'kysely'
-import { createSettleBound } from './0003_event_order_without_lock.js'
-import * as writerRegistration from './0005_event_writers_inlined.js'
+import { createSettleBound } from './0003_event_order_without_lock.ts'
+import * as writerRegistration from './0005_event_writers_inlined.ts'
 
 /*
  * The primary's census without a registration: a writer pays nothing for

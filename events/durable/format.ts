@@ -1,5 +1,5 @@
-import type { StreamFormat } from '../sse/subscriber.js'
-import { encodeOffset } from './offsets.js'
+import type { StreamFormat } from '../sse/subscriber.ts'
+import { encodeOffset } from './offsets.ts'
 
 /*
  * The Durable Streams SSE mode's wire (docs/reference.md, "Durable Streams").

@@ -1,5 +1,5 @@
-import { invalidParameter, offsetErrors } from '../../errors.js'
-import { StreamCursorParam, StreamOffsetParam } from '../../schemas/api.js'
+import { invalidParameter, offsetErrors } from '../../errors.ts'
+import { StreamCursorParam, StreamOffsetParam } from '../../schemas/api.ts'
 
 /*
  * The Durable Streams read path's positions (docs/reference.md, "Durable

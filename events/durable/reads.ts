@@ -1,10 +1,10 @@
-import type { Db } from '../../db/schema.js'
-import type { EventHub } from '../hub.js'
-import { CallerSlots, type Limit } from '../limits.js'
-import { freshEventsAfterKept, settledNow, type EventFilter, type LogState, type StoredEvent } from '../statements.js'
-import { assertPositionKept, CATCH_UP_PAGE_SIZE, reportable, type EventReader } from '../reader.js'
-import { OFFSET_ERRORS, type StreamOffset } from './offsets.js'
-import { Waiter } from './waiter.js'
+import type { Db } from '../../db/schema.ts'
+import type { EventHub } from '../hub.ts'
+import { CallerSlots, type Limit } from '../limits.ts'
+import { freshEventsAfterKept, settledNow, type EventFilter, type LogState, type StoredEvent } from '../statements.ts'
+import { assertPositionKept, CATCH_UP_PAGE_SIZE, reportable, type EventReader } from '../reader.ts'
+import { OFFSET_ERRORS, type StreamOffset } from './offsets.ts'
+import { Waiter } from './waiter.ts'
 
 /** A page of a Durable Streams read: its events, the settled position it reaches, and whether that is the tail. */
 export interface StreamPage {

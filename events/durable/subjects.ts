@@ -1,6 +1,6 @@
-import type { Db } from '../../db/schema.js'
-import { notFound } from '../../errors.js'
-import { streamSubjectExists, type EventFilter } from '../statements.js'
+import type { Db } from '../../db/schema.ts'
+import { notFound } from '../../errors.ts'
+import { streamSubjectExists, type EventFilter } from '../statements.ts'
 
 /** How long a run or thread found to exist is remembered, so that a crowd of long-polls costs no query each. */
 export const KNOWN_SUBJECT_MS = 60_000

@@ -1,5 +1,5 @@
-import type { Listener } from '../hub.js'
-import { matchesFilter, type EventFilter, type StoredEvent } from '../statements.js'
+import type { Listener } from '../hub.ts'
+import { matchesFilter, type EventFilter, type StoredEvent } from '../statements.ts'
 
 /**
  * One long-poll request of the Durable Streams read path, waiting in

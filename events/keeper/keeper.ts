@@ -2,8 +2,8 @@ import type { FastifyBaseLogger } from 'fastify'
 import { randomUUID } from 'node:crypto'
 import { hostname } from 'node:os'
 import pg from 'pg'
-import { holdsLease, keepOrder, lockHolders, readHistoryFloor, releaseLease, takeLease, type OrderTick } from './order.js'
-import { isLockTimeout, PartitionKeeper } from './partitions.js'
+import { holdsLease, keepOrder, lockHolders, readHistoryFloor, releaseLease, takeLease, type OrderTick } from './order.ts'
+import { isLockTimeout, PartitionKeeper } from './partitions.ts'
 
 export interface EventLogKeeperOptions {
   /** A database URL on which this service may write: the primary. */

@@ -1,5 +1,5 @@
 import type pg from 'pg'
-import { partitionName } from '../../db/migrations/0004_events_partitioned_by_id.js'
+import { partitionName } from '../../db/migrations/0004_events_partitioned_by_id.ts'
 
 /*
  * The partitions of the events table (ranges of event ids) and the history they

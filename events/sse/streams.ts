@@ -1,12 +1,12 @@
 import type { FastifyBaseLogger, FastifyReply } from 'fastify'
-import type { Db } from '../../db/schema.js'
-import { ApiError, eventIdErrorsNamed, shuttingDown, type PositionErrors } from '../../errors.js'
-import type { EventHub } from '../hub.js'
-import { CallerSlots } from '../limits.js'
-import { settledNow, type EventFilter, type StoredEvent } from '../statements.js'
-import { countSent } from '../sent.js'
-import { CATCH_UP_PAGE_SIZE, type EventReader } from '../reader.js'
-import { Subscriber, type StreamFormat, type SubscriberOptions } from './subscriber.js'
+import type { Db } from '../../db/schema.ts'
+import { ApiError, eventIdErrorsNamed, shuttingDown, type PositionErrors } from '../../errors.ts'
+import type { EventHub } from '../hub.ts'
+import { CallerSlots } from '../limits.ts'
+import { settledNow, type EventFilter, type StoredEvent } from '../statements.ts'
+import { countSent } from '../sent.ts'
+import { CATCH_UP_PAGE_SIZE, type EventReader } from '../reader.ts'
+import { Subscriber, type StreamFormat, type SubscriberOptions } from './subscriber.ts'
 
 export interface StreamsOptions {
   keepAliveMs: number

@@ -1,7 +1,7 @@
 import type { ServerResponse } from 'node:http'
 import { Socket } from 'node:net'
-import type { Listener } from '../hub.js'
-import { matchesFilter, type EventFilter, type StoredEvent } from '../statements.js'
+import type { Listener } from '../hub.ts'
+import { matchesFilter, type EventFilter, type StoredEvent } from '../statements.ts'
 
 /**
  * The frame of the last event built: the hub hands one event to every

@@ -1,7 +1,7 @@
 import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify'
 import fp from 'fastify-plugin'
-import { allowedHostsOf, authenticationOn } from '../../config.js'
-import { hostNotAllowed } from '../../errors.js'
+import { allowedHostsOf, authenticationOn } from '../../config.ts'
+import { hostNotAllowed } from '../../errors.ts'
 
 /** The probes: they answer no data, and an orchestrator's name the instance by its address. */
 const PROBES = new Set(['/health', '/ready'])

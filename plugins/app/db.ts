@@ -1,8 +1,8 @@
 import fp from 'fastify-plugin'
 import type { FastifyInstance } from 'fastify'
-import { startEmbeddedPostgres } from '../../db/embedded.js'
-import { createDb, createReadPool, isHotStandby, type ReadPool } from '../../db/pool.js'
-import type { Db } from '../../db/schema.js'
+import { startEmbeddedPostgres } from '../../db/embedded.ts'
+import { createDb, createReadPool, isHotStandby, type ReadPool } from '../../db/pool.ts'
+import type { Db } from '../../db/schema.ts'
 
 declare module 'fastify' {
   interface FastifyInstance {

@@ -1,7 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
-import { LimitRefusal, notFound, toApiError, type ApiError, type RequestSchemas } from '../../errors.js'
-import { NO_STORE } from './http-cache.js'
+import { LimitRefusal, notFound, toApiError, type ApiError, type RequestSchemas } from '../../errors.ts'
+import { NO_STORE } from './http-cache.ts'
 
 declare module 'fastify' {
   interface FastifyContextConfig {

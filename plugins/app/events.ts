@@ -1,8 +1,8 @@
 import { fastifySSE } from '@fastify/sse'
 import type { FastifyInstance, RouteHandlerMethod, RouteOptions } from 'fastify'
 import fp from 'fastify-plugin'
-import { durationMs } from '../../config.js'
-import { EventLog } from '../../events/index.js'
+import { durationMs } from '../../config.ts'
+import { EventLog } from '../../events/index.ts'
 
 declare module 'fastify' {
   interface FastifyInstance {

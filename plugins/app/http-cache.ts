@@ -1,7 +1,7 @@
 import type { FastifyReply } from 'fastify'
 import fp from 'fastify-plugin'
 import { hash } from 'node:crypto'
-import { authenticationOn } from '../../config.js'
+import { authenticationOn } from '../../config.ts'
 
 /**
  * What a JSON read is, for caches (docs/reference.md, "HTTP caching"):

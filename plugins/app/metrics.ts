@@ -1,6 +1,6 @@
 import fp from 'fastify-plugin'
 import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client'
-import { readCounts } from '../../db/statement.js'
+import { readCounts } from '../../db/statement.ts'
 
 declare module 'fastify' {
   interface FastifyInstance {

@@ -2,9 +2,9 @@ import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { randomUUID } from 'node:crypto'
 import type { IncomingMessage } from 'node:http'
-import { eventsSent } from '../../events/index.js'
-import { callerOf } from './auth/index.js'
-import { withoutCredentials } from './auth/url-credentials.js'
+import { eventsSent } from '../../events/index.ts'
+import { callerOf } from './auth/index.ts'
+import { withoutCredentials } from './auth/url-credentials.ts'
 import type { Bindings, ChildLoggerOptions, Level, LevelWithSilentOrString, LogFn, Logger } from 'pino'
 
 /** An incoming X-Request-Id is honoured when it looks like an id; otherwise one is made. */

@@ -1,5 +1,5 @@
 import fp from 'fastify-plugin'
-import { shuttingDown } from '../../errors.js'
+import { shuttingDown } from '../../errors.ts'
 
 /**
  * While the application closes, a request that still arrives on an open

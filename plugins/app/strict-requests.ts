@@ -1,7 +1,7 @@
 import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction, onRequestHookHandler } from 'fastify'
 import fp from 'fastify-plugin'
-import { methodNotAllowed, unknownParameter } from '../../errors.js'
-import { withRouteHook } from '../route-hooks.js'
+import { methodNotAllowed, unknownParameter } from '../../errors.ts'
+import { withRouteHook } from '../route-hooks.ts'
 
 declare module 'fastify' {
   interface FastifyContextConfig {

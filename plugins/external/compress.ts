@@ -1,7 +1,7 @@
 import compress from '@fastify/compress'
 import fp from 'fastify-plugin'
 import { constants } from 'node:zlib'
-import { PROBES } from '../app/request-log.js'
+import { PROBES } from '../app/request-log.ts'
 
 /**
  * gzip or brotli for responses of COMPRESS_MIN_BYTES or more. Never for

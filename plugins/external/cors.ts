@@ -1,6 +1,6 @@
 import cors from '@fastify/cors'
 import fp from 'fastify-plugin'
-import { listOf } from '../../config.js'
+import { listOf } from '../../config.ts'
 
 /**
  * CORS for browser UIs served from other origins: off unless CORS_ORIGINS

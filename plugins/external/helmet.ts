@@ -2,7 +2,7 @@ import type { onRequestHookHandler } from 'fastify'
 import fp from 'fastify-plugin'
 import helmet, { type HelmetOptions } from 'helmet'
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import { withRouteHook } from '../route-hooks.js'
+import { withRouteHook } from '../route-hooks.ts'
 
 /**
  * The inline scripts of the web UI's page, by hash: the one in ui/index.html

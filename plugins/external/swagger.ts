@@ -1,7 +1,7 @@
 import swagger from '@fastify/swagger'
 import swaggerUi from '@fastify/swagger-ui'
 import fp from 'fastify-plugin'
-import { authenticationOn } from '../../config.js'
+import { authenticationOn } from '../../config.ts'
 import pkg from '../../package.json' with { type: 'json' }
 
 /**

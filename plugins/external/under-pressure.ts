@@ -2,7 +2,7 @@ import underPressure, { TYPE_EVENT_LOOP_DELAY } from '@fastify/under-pressure'
 import type { FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { getHeapStatistics } from 'node:v8'
-import { overloaded } from '../../errors.js'
+import { overloaded } from '../../errors.ts'
 
 /** Routes that answer even under pressure: liveness, readiness, and the metrics that explain it. */
 const ALWAYS_ANSWERED = new Set(['/health', '/ready', '/metrics'])

@@ -1,9 +1,9 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
-import { authenticationOn } from '../../config.js'
-import { callerOf } from '../../plugins/app/auth/index.js'
-import { NO_STORE } from '../../plugins/app/http-cache.js'
-import { commonErrors, errorResponse, StreamTokenQuery } from '../../schemas/api.js'
+import { authenticationOn } from '../../config.ts'
+import { callerOf } from '../../plugins/app/auth/index.ts'
+import { NO_STORE } from '../../plugins/app/http-cache.ts'
+import { commonErrors, errorResponse, StreamTokenQuery } from '../../schemas/api.ts'
 
 /** What signing out clears in the browser: the answers it cached, and the origin's storage (the UI's token). */
 const CLEAR_SESSION = '"cache", "storage"'

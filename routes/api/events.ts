@@ -1,13 +1,13 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
-import { eventIdErrorsNamed } from '../../errors.js'
-import { assertPositionKept, listEvents, type EventFilter } from '../../events/index.js'
-import { requestCaller } from '../../plugins/app/auth/index.js'
-import { queryScope } from '../../plugins/app/auth/stream-tokens.js'
+import { eventIdErrorsNamed } from '../../errors.ts'
+import { assertPositionKept, listEvents, type EventFilter } from '../../events/index.ts'
+import { requestCaller } from '../../plugins/app/auth/index.ts'
+import { queryScope } from '../../plugins/app/auth/stream-tokens.ts'
 import {
   AfterEventId, CACHE_CONTROL_DOCS, ConditionalHeaders, DEFAULT_EVENTS_LIMIT, eventIdErrors, EventsQuery, notModified, parseEventId, parseLimit,
   readResponse, StreamHeaders, StreamQuery
-} from '../../schemas/api.js'
+} from '../../schemas/api.ts'
 
 /** The filters given (an empty one is refused by the schema). */
 function toFilter (query: { run_id?: string, thread_id?: string }): EventFilter {

@@ -1,11 +1,11 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify'
-import { getRunDetail, getTaskDetail, listBlockedTasks, listRunTasks, listRuns, type PageKey, type PagedBody } from '../../db/queries.js'
-import { invalidParameter, notFound } from '../../errors.js'
+import { getRunDetail, getTaskDetail, listBlockedTasks, listRunTasks, listRuns, type PageKey, type PagedBody } from '../../db/queries.ts'
+import { invalidParameter, notFound } from '../../errors.ts'
 import {
   CACHE_CONTROL_DOCS, commonErrors, ConditionalHeaders, notFoundErrors, notModified, PageKeyParam, PageQuery, parseLimit, parseStatuses, readResponse,
   RunParams, RunsQuery, TaskParams, taskNotFoundErrors
-} from '../../schemas/api.js'
+} from '../../schemas/api.ts'
 
 // ---- keyset paging (docs/reference.md, "Ordering and pages") -----------------------------------
 

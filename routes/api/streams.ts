@@ -1,11 +1,11 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import { Type } from 'typebox'
-import { DURABLE_READ_HEADERS, readOf, type DurableAnswer, type DurableQuery, type EventFilter } from '../../events/index.js'
-import { requestCaller } from '../../plugins/app/auth/index.js'
-import type { StreamScope } from '../../plugins/app/auth/stream-tokens.js'
-import { NO_STORE } from '../../plugins/app/http-cache.js'
-import { commonErrors, ConditionalHeaders, DurableStreamQuery, errorResponse, RunParams, ThreadParams } from '../../schemas/api.js'
+import { DURABLE_READ_HEADERS, readOf, type DurableAnswer, type DurableQuery, type EventFilter } from '../../events/index.ts'
+import { requestCaller } from '../../plugins/app/auth/index.ts'
+import type { StreamScope } from '../../plugins/app/auth/stream-tokens.ts'
+import { NO_STORE } from '../../plugins/app/http-cache.ts'
+import { commonErrors, ConditionalHeaders, DurableStreamQuery, errorResponse, RunParams, ThreadParams } from '../../schemas/api.ts'
 
 /*
  * The event log under the Durable Streams protocol, read path only

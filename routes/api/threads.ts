@@ -1,7 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import { getThreadDetail } from '../../db/queries.js'
-import { notFound } from '../../errors.js'
-import { CACHE_CONTROL_DOCS, ConditionalHeaders, notFoundErrors, notModified, readResponse, ThreadParams } from '../../schemas/api.js'
+import { getThreadDetail } from '../../db/queries.ts'
+import { notFound } from '../../errors.ts'
+import { CACHE_CONTROL_DOCS, ConditionalHeaders, notFoundErrors, notModified, readResponse, ThreadParams } from '../../schemas/api.ts'
 
 const threadRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get('/threads/:threadID', {

@@ -3,11 +3,11 @@ import { Kysely, PostgresDialect } from 'kysely'
 import { request } from 'node:http'
 import pg from 'pg'
 import t from 'tap'
-import type { Database } from '../../db/schema.js'
-import { addTask, createRun, setTaskStatus } from '../../db/writer.js'
-import { composeStack } from '../helpers/compose.js'
-import { metricValue } from '../helpers/metrics.js'
-import { sleep, waitUntil } from '../helpers/wait.js'
+import type { Database } from '../../db/schema.ts'
+import { addTask, createRun, setTaskStatus } from '../../db/writer.ts'
+import { composeStack } from '../helpers/compose.ts'
+import { metricValue } from '../helpers/metrics.ts'
+import { sleep, waitUntil } from '../helpers/wait.ts'
 
 /*
  * The project's own docker-compose.yml on a real Docker engine (CI prepares

@@ -2,7 +2,7 @@ import { createServer, request, type IncomingMessage, type Server, type ServerRe
 import { promisify } from 'node:util'
 import { brotliDecompress, gunzip, inflate } from 'node:zlib'
 import pg from 'pg'
-import { encodeOffset } from '../../events/durable/offsets.js'
+import { encodeOffset } from '../../events/durable/offsets.ts'
 
 /*
  * The Durable Streams conformance suite writes the streams it reads: it

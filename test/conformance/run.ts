@@ -5,8 +5,8 @@ import { join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import pg from 'pg'
-import { startConformanceAdapter } from './adapter.js'
-import { EXCLUDED, isReadPath, READ_BLOCKS_PATTERN } from './scope.js'
+import { startConformanceAdapter } from './adapter.ts'
+import { EXCLUDED, isReadPath, READ_BLOCKS_PATTERN } from './scope.ts'
 
 /*
  * Runs the official Durable Streams conformance suite's read path

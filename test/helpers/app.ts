@@ -1,11 +1,11 @@
 import type { FastifyInstance } from 'fastify'
 import { connect } from 'node:net'
 import type { Test } from 'tap'
-import { buildApp, type BuildOptions } from '../../app.js'
-import { loadConfig, type Config } from '../../config.js'
-import { testBackend, testDatabaseUrl } from './database.js'
-import { TEST_SERVICE_ENV } from './run.js'
-import { waitUntil } from './wait.js'
+import { buildApp, type BuildOptions } from '../../app.ts'
+import { loadConfig, type Config } from '../../config.ts'
+import { testBackend, testDatabaseUrl } from './database.ts'
+import { TEST_SERVICE_ENV } from './run.ts'
+import { waitUntil } from './wait.ts'
 
 /**
  * The configuration the tests run with: this file's database, quiet logs,

@@ -2,7 +2,7 @@ import { existsSync, mkdirSync } from 'node:fs'
 import { join } from 'node:path'
 import { chromium, type Browser, type Page } from 'playwright-core'
 import tap, { type Test } from 'tap'
-import { root } from './run.js'
+import { root } from './run.ts'
 
 /*
  * The web UI in a real browser: Debian's chromium, driven by playwright-core

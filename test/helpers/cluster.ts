@@ -4,7 +4,7 @@ import { tmpdir, userInfo } from 'node:os'
 import { join } from 'node:path'
 import { promisify } from 'node:util'
 import type { Test } from 'tap'
-import { freePort } from './wait.js'
+import { freePort } from './wait.ts'
 
 const execFileAsync = promisify(execFile)
 

@@ -2,7 +2,7 @@ import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { freePort, waitUntil } from './wait.js'
+import { freePort, waitUntil } from './wait.ts'
 
 /*
  * The project's docker-compose.yml as a stack of its own: its own project

@@ -1,8 +1,8 @@
 import { Ajv2019 } from 'ajv/dist/2019.js'
 import addFormats from 'ajv-formats'
 import type { Test } from 'tap'
-import { responseSchemas } from '../../schemas/api.js'
-import { resourceSchemas } from '../../schemas/resources.js'
+import { responseSchemas } from '../../schemas/api.ts'
+import { resourceSchemas } from '../../schemas/resources.ts'
 
 /*
  * Real responses are checked against the very TypeBox schemas the routes

@@ -4,10 +4,10 @@ import { basename, dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import t from 'tap'
-import { startEmbeddedPostgres } from '../../db/embedded.js'
-import { migrateToLatest } from '../../db/migrate.js'
-import { testBackend } from './backend.js'
-import { withDatabase } from './wait.js'
+import { startEmbeddedPostgres } from '../../db/embedded.ts'
+import { migrateToLatest } from '../../db/migrate.ts'
+import { testBackend } from './backend.ts'
+import { withDatabase } from './wait.ts'
 
 /*
  * Every test file (tap runs each in its own process) gets a database of its
@@ -21,7 +21,7 @@ import { withDatabase } from './wait.js'
  * the test process behind the same loopback bridge the service uses.
  */
 
-export { needsServer, testBackend } from './backend.js'
+export { needsServer, testBackend } from './backend.ts'
 
 const migrationsDir = join(dirname(fileURLToPath(import.meta.url)), '../../db/migrations')
 

@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { root } from './run.js'
+import { root } from './run.ts'
 
 /* The documentation's code blocks, and running them as a user does: for the tests that run them as written. */
 

@@ -1,11 +1,11 @@
 import { sql, type Insertable, type Kysely } from 'kysely'
 import t from 'tap'
-import { TABLES } from '../../db/fixtures.js'
-import { createDb } from '../../db/pool.js'
+import { TABLES } from '../../db/fixtures.ts'
+import { createDb } from '../../db/pool.ts'
 import type {
   ArtifactsTable, Database, MessagesTable, RunsTable, TaskAttemptsTable, TasksTable, ThreadsTable
-} from '../../db/schema.js'
-import { testDatabaseUrl, testPool } from './database.js'
+} from '../../db/schema.ts'
+import { testDatabaseUrl, testPool } from './database.ts'
 
 /*
  * Test data, written the way an orchestrator would: through a connection

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import type { Test } from 'tap'
-import { freePort, waitUntil } from './wait.js'
+import { freePort, waitUntil } from './wait.ts'
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..')
 const NGINX = process.env.NGINX_BIN ?? '/usr/sbin/nginx'

@@ -1,5 +1,5 @@
 import type pg from 'pg'
-import { listRuns, type PageKey, type RunFilters } from '../../db/queries.js'
+import { listRuns, type PageKey, type RunFilters } from '../../db/queries.ts'
 
 /** A node of an EXPLAIN (FORMAT JSON) plan, with the fields the tests and bench:explain read. */
 export interface PlanNode {

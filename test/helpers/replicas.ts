@@ -1,9 +1,9 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { join } from 'node:path'
 import type { Test } from 'tap'
-import { answers } from './nginx.js'
-import { root, TEST_SERVICE_ENV } from './run.js'
-import { freePort, waitUntil } from './wait.js'
+import { answers } from './nginx.ts'
+import { root, TEST_SERVICE_ENV } from './run.ts'
+import { freePort, waitUntil } from './wait.ts'
 
 /*
  * Replicas of the service (one process each, as in production), for the

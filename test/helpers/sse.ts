@@ -1,8 +1,8 @@
 import { request as httpRequest, type IncomingMessage } from 'node:http'
 import type { Insertable } from 'kysely'
-import type { EventsTable } from '../../db/schema.js'
-import { json, writer } from './fixtures.js'
-import { LONG_WAIT_MS } from './wait.js'
+import type { EventsTable } from '../../db/schema.ts'
+import { json, writer } from './fixtures.ts'
+import { LONG_WAIT_MS } from './wait.ts'
 
 /*
  * A raw Server-Sent Events client: it keeps every field block it receives,

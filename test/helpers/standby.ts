@@ -2,9 +2,9 @@ import { readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import pg from 'pg'
 import type { Test } from 'tap'
-import { needsServer } from './backend.js'
-import { findServerBinaries, serverWorkspace } from './cluster.js'
-import { freePort, sleep, withDatabase } from './wait.js'
+import { needsServer } from './backend.ts'
+import { findServerBinaries, serverWorkspace } from './cluster.ts'
+import { freePort, sleep, withDatabase } from './wait.ts'
 
 /*
  * A primary and a streaming hot standby of the test's own (pg_basebackup -R

@@ -1,5 +1,5 @@
 import { PGlite } from '@electric-sql/pglite'
-import { startEmbeddedPostgres } from '../../db/embedded.js'
+import { startEmbeddedPostgres } from '../../db/embedded.ts'
 
 /*
  * Run by embedded-processes.test.ts under --trace-wasm-code-gc: PGlite instances made,

@@ -2,11 +2,11 @@ import type { FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { decodeJwt } from 'jose'
 import { sql } from 'kysely'
-import { authenticationOn, issuersOf, listOf } from '../../../config.js'
-import { badRequest, UnauthorizedError } from '../../../errors.js'
-import { JwtIssuers, type JwtIdentity } from './jwt-issuers.js'
-import { namedTokens, StaticTokens } from './static-tokens.js'
-import { scopeCovers, STREAM_TOKEN_ISSUER, StreamTokens, type StreamScope } from './stream-tokens.js'
+import { authenticationOn, issuersOf, listOf } from '../../../config.ts'
+import { badRequest, UnauthorizedError } from '../../../errors.ts'
+import { JwtIssuers, type JwtIdentity } from './jwt-issuers.ts'
+import { namedTokens, StaticTokens } from './static-tokens.ts'
+import { scopeCovers, STREAM_TOKEN_ISSUER, StreamTokens, type StreamScope } from './stream-tokens.ts'
 
 /** Who a request proved to be, when authentication is on. */
 export type Principal =

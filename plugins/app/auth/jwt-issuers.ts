@@ -1,6 +1,6 @@
 import { createRemoteJWKSet, errors, jwksCache, jwtVerify, type ExportedJWKSCache, type JWKSCacheInput, type JWTPayload } from 'jose'
-import type { IssuerConfig } from '../../../config.js'
-import { identityProviderUnavailable, UnauthorizedError } from '../../../errors.js'
+import type { IssuerConfig } from '../../../config.ts'
+import { identityProviderUnavailable, UnauthorizedError } from '../../../errors.ts'
 
 /** What a caller proved with an identity provider's token. */
 export interface JwtIdentity {

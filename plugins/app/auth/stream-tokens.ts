@@ -1,5 +1,5 @@
 import { errors, jwtVerify, SignJWT } from 'jose'
-import { UnauthorizedError } from '../../../errors.js'
+import { UnauthorizedError } from '../../../errors.ts'
 
 /** What a stream token opens: the filters it was made for (none: every stream). */
 export interface StreamScope {
