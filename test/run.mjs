@@ -16,6 +16,10 @@ const args = process.argv.slice(2)
 // servers, clusters and timers, and on two cores its one file at a time took twice as
 // long (docs/development.md, "Tests").
 process.env.TAP_JOBS ??= String(availableParallelism() + 1)
+// Test files and the servers they start run on Node's own type stripping, not tap's
+// TypeScript loader (ts-node), which compiled every file of every process again: the
+// code keeps to the syntax Node can strip (erasableSyntaxOnly in tsconfig.json).
+process.env.TAP_TYPE_STRIP_ONLY ??= '1'
 const namedFiles = args.some((arg) => arg.endsWith('.ts'))
 const IMAGE = 'postgres:15-alpine'
 
