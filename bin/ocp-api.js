@@ -1,10 +1,10 @@
 #!/usr/bin/env node
 // The `ocp-api` command of this repository (the client package's own bin,
 // client/src/cli.ts, is the same command). Its TypeScript source
-// (client/src/ocp-api.ts) when a TypeScript loader is running (a test's);
-// else the compiled JavaScript: dist/client/src/ (npm run build, the image)
-// or client/dist/ (npm run build -w client); else, in a checkout never
-// built, the source through tsx (a devDependency: never needed once built).
+// (client/src/ocp-api.ts) where Node strips its types (a checkout; never
+// under node_modules); else the compiled JavaScript: dist/client/src/ (npm
+// run build, the image) or client/dist/ (npm run build -w client); else
+// the source through tsx (a devDependency: never needed once built).
 import { existsSync } from 'node:fs'
 
 const source = new URL('../client/src/ocp-api.ts', import.meta.url)
