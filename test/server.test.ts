@@ -137,13 +137,18 @@ t.test('SIGTERM ends open event streams and exits cleanly within the grace', asy
   const outcome = await run('server.ts', { DATABASE_URL: url, PORT: '0', HOST: '127.0.0.1', SHUTDOWN_GRACE_MS: String(LONG_WAIT_MS) }, (stdout, child) => {
     const match = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/.exec(stdout)
     if (match === null || streamEnded !== undefined) return
+    let stopped = false
     streamEnded = (async () => {
       const stream = await openStream(match[1]!, '/api/events/stream')
       await stream.waitFor((s) => s.frames.length >= 1)
       started.at = Date.now()
-      child.kill('SIGTERM')
+      stopped = child.kill('SIGTERM')
       await stream.ended
-    })()
+    })().finally(() => {
+      // A stream that never opened must not leave the server running (the test would wait for it forever);
+      // never a second SIGTERM, which forces the exit this test checks is clean.
+      if (!stopped) child.kill('SIGTERM')
+    })
   })
   await streamEnded
   t.equal(outcome.code, 0, 'exit 0')
