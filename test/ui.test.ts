@@ -124,14 +124,25 @@ t.test('the thread timeline shows a new message within 2 s', async (t) => {
 t.test('the page recovers after the service restarts', async (t) => {
   const first = await serve(t)
   const page = await openPage(t, `${first.url}/#/runs/run-ui`, { expectedConsole: [SERVICE_RESTART] })
+  // Every word the header says from here on.
+  await page.evaluate(`{
+    const live = document.getElementById('live')
+    const said = globalThis.said = []
+    new MutationObserver(() => { said.push(live.textContent) }).observe(live, { childList: true, characterData: true, subtree: true })
+  }`)
   await first.app.close()
   await page.locator('.live:not(.is-live)').waitFor({ timeout: READY_MS })
   t.match(await page.locator('.live').textContent(), /Reconnecting|Offline/, 'it says it is not live')
   // A change committed while the service is down, then the service returns on the same port.
   await commitTaskStatus('task-schema', 'failed')
+  await page.waitForFunction(() => (globalThis as unknown as { said: string[] }).said.length >= 3, undefined, { timeout: READY_MS })
   await serve(t, first.port)
   // Reconnecting and catching up are not the live promise (LIVE_WITHIN_MS): the bound of a state it reaches by itself.
   await page.locator('.live.is-live').waitFor({ timeout: READY_MS })
+  const said = await page.evaluate(() => (globalThis as unknown as { said: string[] }).said)
+  const untilLive = said.slice(0, said.findIndex((text) => text.startsWith('Live')))
+  t.ok(untilLive.length >= 3 && untilLive.every((text) => /^(Reconnecting…|Offline · retrying…)/.test(text)),
+    `between retries it never says "Connecting…" again, only why it is not live (${JSON.stringify(untilLive)})`)
   await page.locator('tr[data-task="task-schema"] .task-status', { hasText: 'failed' }).waitFor({ timeout: READY_MS })
   t.pass('live again, and it caught up on the change made while it was away')
   await commitTaskStatus('task-schema', 'done')

@@ -597,7 +597,14 @@ function showLive (status: StreamStatus | { state: 'down' | 'stopped', text: str
 /** Shows the page of `hash` and keeps it current; returns how to stop. */
 function mount (hash: string): Live {
   const main = document.getElementById('app')!
-  const onStatus = (status: StreamStatus) => showLive(status)
+  // Once an attempt has failed, the next is a reconnection: the header keeps saying what the last one met
+  // (Reconnecting…, Offline · retrying…) until the page is live again, not "Connecting…" between retries.
+  let lost = false
+  const onStatus = (status: StreamStatus) => {
+    if (status.state === 'connecting' && lost) return
+    lost = status.state === 'retrying' || (lost && status.state !== 'live')
+    showLive(status)
+  }
   const onError = (error: ApiError) => {
     if (error.status === 401) {
       refused(error)
