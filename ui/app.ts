@@ -599,11 +599,8 @@ function mount (hash: string): Live {
   const main = document.getElementById('app')!
   // Once an attempt has failed, the next is a reconnection: the header keeps saying what the last one met
   // (Reconnecting…, Offline · retrying…) until the page is live again, not "Connecting…" between retries.
-  let lost = false
   const onStatus = (status: StreamStatus) => {
-    if (status.state === 'connecting' && lost) return
-    lost = status.state === 'retrying' || (lost && status.state !== 'live')
-    showLive(status)
+    if (status.state !== 'connecting' || !live.classList.contains('is-down')) showLive(status)
   }
   const onError = (error: ApiError) => {
     if (error.status === 401) {
